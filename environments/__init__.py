@@ -1,0 +1,1 @@
+"""Environments of the one protocol: target environments and synthetic capability environments."""

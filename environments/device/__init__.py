@@ -1,0 +1,1 @@
+"""The built-in ``device`` environment: a ToolSandbox-style phone (settings, contacts, messages, reminders, clock)."""

@@ -1,0 +1,88 @@
+"""``DeviceEnvironment``: a ToolSandbox-style phone assistant task per seed."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from environments.device.milestones import score_episode
+from environments.device.scenarios import SPLIT_SEEDS, TRAIN_SEED_OFFSET, Scenario, make_scenario
+from environments.device.state import DeviceState
+from environments.device.tools import DeviceTools
+from environments.protocol import Message
+from environments.tool_environment import Tool, ToolEnvironment
+
+POLICY = (
+    "You are a phone assistant. Use the tools to do what the user asks, then reply to the user in plain text; "
+    "that reply ends the conversation unless it asks the user a question. All times are UTC; timestamps are in seconds. "
+    "'Next <weekday>' means the first such day after today. If a request is ambiguous, ask the user. "
+    "Tell the user about any other setting you had to change."
+)
+
+
+class DeviceEnvironment(ToolEnvironment):
+    name = "device"
+
+    def __init__(self, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0):
+        super().__init__(max_turns=max_turns, max_tool_calls_per_turn=max_tool_calls_per_turn)
+        self.success_threshold = success_threshold
+        self.scenario: Scenario | None = None
+        self.state: DeviceState | None = None
+        self._clarified = False
+
+    # -- tasks --------------------------------------------------------------------------
+    def task_seeds(self, split: str) -> list[int]:
+        if split == "train":
+            raise ValueError("the train split has unlimited seeds; use train_seed(index)")
+        if split not in SPLIT_SEEDS:
+            raise ValueError(f"unknown split {split!r}; choose analysis, eval or train")
+        return list(SPLIT_SEEDS[split])
+
+    def train_seed(self, index: int) -> int:
+        if index < 0:
+            raise ValueError("train seed index must be >= 0")
+        return TRAIN_SEED_OFFSET + index
+
+    # -- the episode ----------------------------------------------------------------------
+    def start_episode(self, seed: int) -> tuple[list[Message], list[Tool], dict[str, Any]]:
+        self.scenario = make_scenario(seed)
+        self.state = self.scenario.state.copy()
+        self._clarified = False
+        messages = [{"role": "system", "content": POLICY}, {"role": "user", "content": self.scenario.request}]
+        info = {"task_id": f"device-{seed}", "family": self.scenario.family, "seed": seed}
+        return messages, DeviceTools(self.state).tools(), info
+
+    def on_agent_reply(self, text: str) -> tuple[list[Message], bool]:
+        """The scripted user answers the first question of an ambiguous task; any other reply ends the episode."""
+        if self.scenario.clarification and not self._clarified and "?" in text:
+            self._clarified = True
+            return [{"role": "user", "content": self.scenario.clarification}], False
+        return [], True
+
+    def score(self) -> tuple[float, dict[str, Any]]:
+        return score_episode(
+            self.scenario.milestones, self.scenario.minefields, self.state, self.log, self.success_threshold, self.scenario.family
+        )
+
+    def task_fingerprint(self) -> str:
+        if self.scenario is None:
+            raise RuntimeError("task_fingerprint() called before reset(seed)")
+        return hashlib.sha256(repr(self.scenario).encode()).hexdigest()
+
+    # -- demonstrations ---------------------------------------------------------------------
+    def oracle_message(self) -> Message:
+        """The next message of the scenario's oracle script (valid while the episode follows it)."""
+        if self.scenario is None:
+            raise RuntimeError("oracle_message() called before reset(seed)")
+        if self.log.turns >= len(self.scenario.oracle):
+            raise RuntimeError("the oracle script is finished")
+        return self.scenario.oracle[self.log.turns]
+
+    def example_exchange(self) -> list[Message]:
+        call = {"id": "call_example", "type": "function", "function": {"name": "get_wifi_status", "arguments": "{}"}}
+        return [
+            {"role": "user", "content": "Is wifi on?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_example", "name": "get_wifi_status", "content": "true"},
+            {"role": "assistant", "content": "Yes, wifi is on."},
+        ]

@@ -1,0 +1,393 @@
+"""The device tasks: seven seeded scenario families and the fixed 128-scenario benchmark.
+
+``make_scenario(seed)`` draws everything from ``random.Random(seed)``; the
+family is ``FAMILIES[seed % 7]``, so benchmark seeds 0..127 interleave the
+families and both splits hold every family. Each family builds its request,
+initial phone state, milestones, minefields and an oracle script (the
+assistant messages that score exactly 1.0).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from environments.device.clock import MONTHS, WEEKDAYS, clock_text, date_text, to_datetime, to_timestamp, utc
+from environments.device.draft import DAY, Draft
+from environments.device.milestones import (
+    AskedUser, ContactSaved, Milestone, MessageSent, PhoneFact, ReminderGone, ReminderSet, Reported,
+    SentToOther, SettingIs, TextFact, ToolCalled, date_fact, time_fact, weekday_fact,
+)
+from environments.device.phone_numbers import national_digits
+from environments.device.state import SETTINGS, Contact, DeviceState
+from environments.device.vocabulary import CLOSE_RELATIONSHIPS, COMMON_RELATIONSHIPS, OUTGOING_MESSAGES, SETTING_NAMES
+from environments.protocol import Message
+
+FAMILIES = (
+    "simple_settings", "blocked_settings", "message_contact", "relative_reminder",
+    "compound_request", "lookup_report", "ambiguous_contact",
+)
+BENCHMARK_SEEDS = tuple(range(128))
+SPLIT_SEEDS = {"analysis": BENCHMARK_SEEDS[:64], "eval": BENCHMARK_SEEDS[64:]}
+TRAIN_SEED_OFFSET = 1_000_000
+
+
+@dataclass
+class Scenario:
+    seed: int
+    family: str
+    request: str
+    state: DeviceState
+    milestones: list[Milestone]
+    minefields: list[Milestone]
+    oracle: list[Message]
+    clarification: str | None = None
+
+
+def make_scenario(seed: int) -> Scenario:
+    family = FAMILIES[seed % len(FAMILIES)]
+    draft = Draft(random.Random(seed))
+    request = _FAMILIES[family](draft)
+    return Scenario(seed, family, request, draft.state, draft.milestones, draft.minefields, draft.oracle, draft.clarification)
+
+
+# -- wording ------------------------------------------------------------------------------
+def _capital(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
+def _sentence(*clauses: str) -> str:
+    """``a``, ``a and b``, ``a, b, and c`` as one capitalised sentence."""
+    if len(clauses) == 1:
+        text = clauses[0]
+    else:
+        text = ", ".join(clauses[:-1]) + (", and " if len(clauses) > 2 else " and ") + clauses[-1]
+    return _capital(text) + "."
+
+
+def _on_off(on: bool) -> str:
+    return "on" if on else "off"
+
+
+def _spoken_clock(hour: int, minute: int) -> str:
+    """``5pm``, ``8:30am``, ``noon``."""
+    if (hour, minute) == (12, 0):
+        return "noon"
+    suffix = "am" if hour < 12 else "pm"
+    return f"{hour % 12 or 12}{suffix}" if minute == 0 else f"{hour % 12 or 12}:{minute:02d}{suffix}"
+
+
+def _as_typed(rng: random.Random, phone_number: str) -> str:
+    """A phone number the way a person types it."""
+    d = national_digits(phone_number)
+    return rng.choice([f"({d[:3]}) {d[3:6]}-{d[6:]}", f"{d[:3]}-{d[3:6]}-{d[6:]}", f"{d[:3]} {d[3:6]} {d[6:]}", d])
+
+
+def _reference(draft: Draft, contact: Contact) -> tuple[str, dict[str, str]]:
+    """How the user names a contact (full name, or "my sister"), and the oracle's matching search."""
+    if contact.relationship in CLOSE_RELATIONSHIPS and draft.rng.random() < 0.5:
+        return f"my {contact.relationship}", {"relationship": contact.relationship}
+    return contact.name, {"name": contact.name}
+
+
+def _outgoing(rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
+    """A message to send: request wording, message text, words the sent text must contain."""
+    wording, text, words, fillers = rng.choice(OUTGOING_MESSAGES)
+    filler = rng.choice(fillers)
+    return wording.format(x=filler), text.format(x=filler), tuple(word.format(x=filler) for word in words)
+
+
+# -- actions shared by the families: each returns (request clause, reply sentence) ----------------
+def _set_setting(draft: Draft, setting: str, on: bool) -> tuple[str, str]:
+    name = draft.rng.choice(SETTING_NAMES[setting])
+    verb = draft.rng.choice(["turn on", "switch on", "enable"] if on else ["turn off", "switch off", "disable"])
+    setattr(draft.state.settings, setting, not on)
+    draft.milestone(f"{setting} {_on_off(on)}", SettingIs(setting, on), 2)
+    draft.call(f"set_{setting}_status", on=on)
+    return f"{verb} {name}", f"{_capital(name)} is now {_on_off(on)}."
+
+
+def _send(draft: Draft, phone_number: str, content: str) -> str:
+    """The oracle's send. With cellular off it fails first, restores service and retries; returns a note for the user."""
+    settings = draft.state.settings
+    draft.call("send_message_with_phone_number", phone_number=phone_number, content=content)
+    if settings.cellular_service:
+        return ""
+    draft.milestone("cellular_service on", SettingIs("cellular_service", True))
+    note = " I turned on cellular service to send it."
+    if settings.low_battery_mode:
+        draft.milestone("low_battery_mode off", SettingIs("low_battery_mode", False))
+        draft.call("set_cellular_service_status", on=True)  # refused while low battery mode is on
+        draft.call("set_low_battery_mode_status", on=False)
+        note = " I turned off low battery mode and turned on cellular service to send it."
+    draft.call("set_cellular_service_status", on=True)
+    draft.call("send_message_with_phone_number", phone_number=phone_number, content=content)
+    return note
+
+
+def _text_contact(draft: Draft, contact: Contact) -> tuple[str, str]:
+    reference, search = _reference(draft, contact)
+    wording, content, words = _outgoing(draft.rng)
+    draft.milestone(f"looked up {contact.name}", ToolCalled("search_contacts"))
+    draft.milestone(f"texted {contact.name}", MessageSent(contact.phone_number, words), 2)
+    draft.minefield("texted someone else", SentToOther(contact.phone_number))
+    draft.call("search_contacts", **search)
+    note = _send(draft, contact.phone_number, content)
+    return f"text {reference} {wording}", f'I texted {contact.name}: "{content}"{note}'
+
+
+def _remind(draft: Draft, kind: str) -> tuple[str, str]:
+    """A reminder at a time relative to now: ``tomorrow``, ``in_hours``, ``next_weekday`` or ``first_of_next_month``."""
+    rng, now = draft.rng, draft.now
+    task, word = draft.take_task()
+    hour, minute = rng.randint(6, 21), rng.choice([0, 0, 15, 30, 45])
+    draft.call("get_current_timestamp")
+    if kind == "in_hours":
+        unit, amount = rng.choice([("hours", rng.randint(2, 9)), ("minutes", rng.choice([20, 30, 45, 90]))])
+        when = f"in {amount} {unit}"
+        target = draft.state.now + amount * (3600 if unit == "hours" else 60)
+        draft.call("shift_timestamp", timestamp=draft.state.now, **{unit: amount})
+    elif kind == "tomorrow":
+        day = to_datetime(draft.state.now + DAY)
+        when = f"tomorrow at {_spoken_clock(hour, minute)}"
+        draft.call("shift_timestamp", timestamp=draft.state.now, days=1)
+        draft.call("timestamp_to_datetime_info", timestamp=draft.state.now + DAY)
+        target = _timestamp_call(draft, day.year, day.month, day.day, hour, minute)
+    elif kind == "next_weekday":
+        weekday = rng.randrange(7)
+        days = (weekday - now.weekday() - 1) % 7 + 1
+        day = to_datetime(draft.state.now + days * DAY)
+        when = f"next {WEEKDAYS[weekday]} at {_spoken_clock(hour, minute)}"
+        draft.call("timestamp_to_datetime_info", timestamp=draft.state.now)
+        draft.call("shift_timestamp", timestamp=draft.state.now, days=days)
+        draft.call("timestamp_to_datetime_info", timestamp=draft.state.now + days * DAY)
+        target = _timestamp_call(draft, day.year, day.month, day.day, hour, minute)
+    else:
+        year, month = (now.year + 1, 1) if now.month == 12 else (now.year, now.month + 1)
+        when = f"on the 1st of next month at {_spoken_clock(hour, minute)}"
+        draft.call("timestamp_to_datetime_info", timestamp=draft.state.now)
+        target = _timestamp_call(draft, year, month, 1, hour, minute)
+    content = _capital(task)
+    draft.call("add_reminder", content=content, reminder_timestamp=target)
+    draft.milestone("checked the current time", ToolCalled("get_current_timestamp"))
+    draft.milestone(f"reminder about {word}", ReminderSet((word,)))
+    draft.milestone(f"reminder about {word} at {to_datetime(target).isoformat()}", ReminderSet((word,), target), 2)
+    moment = to_datetime(target)
+    return f"remind me to {task} {when}", f"I set a reminder to {task} for {date_text(moment)} at {clock_text(moment)}."
+
+
+def _timestamp_call(draft: Draft, year: int, month: int, day: int, hour: int, minute: int) -> int:
+    draft.call("datetime_info_to_timestamp", year=year, month=month, day=day, hour=hour, minute=minute)
+    return to_timestamp(utc(year, month, day, hour, minute))
+
+
+def _save_new_contact(draft: Draft) -> tuple[str, str]:
+    name, number = draft.new_name(), draft.new_phone_number()
+    relationship = draft.rng.choice(COMMON_RELATIONSHIPS)
+    draft.milestone(f"saved {name}", ContactSaved(name, number, relationship), 2)
+    draft.call("add_contact", name=name, phone_number=number, relationship=relationship)
+    return (
+        f"save {name} to my contacts as a {relationship} with the number {_as_typed(draft.rng, number)}",
+        f"I saved {name} ({number}) as a {relationship}.",
+    )
+
+
+def _change_number(draft: Draft) -> tuple[str, str]:
+    contact = draft.add_contact(draft.rng.choice(COMMON_RELATIONSHIPS))
+    number = draft.new_phone_number()
+    draft.milestone(f"{contact.name} has the new number", ContactSaved(contact.name, number), 2)
+    draft.call("search_contacts", name=contact.name)
+    draft.call("modify_contact", person_id=contact.person_id, phone_number=number)
+    return f"change {contact.name}'s number to {_as_typed(draft.rng, number)}", f"{contact.name}'s number is now {number}."
+
+
+def _delete_reminder(draft: Draft) -> tuple[str, str]:
+    task, word = draft.take_task()
+    others = [reminder.reminder_id for reminder in draft.state.reminders]
+    reminder = draft.add_reminder(task, draft.state.now + draft.rng.randint(1, 20) * DAY + draft.rng.randint(0, 95) * 900)
+    draft.milestone(f"removed the reminder about {word}", ReminderGone(reminder.reminder_id), 2)
+    for reminder_id in others:
+        draft.minefield(f"removed reminder {reminder_id}", ReminderGone(reminder_id))
+    draft.call("search_reminder", content=word)
+    draft.call("remove_reminder", reminder_id=reminder.reminder_id)
+    return f"delete my reminder to {task}", f"I deleted the reminder to {task}."
+
+
+# -- the families: each builds the scenario on the draft and returns the user's request ------------
+def _simple_settings(draft: Draft) -> str:
+    request, reply = _set_setting(draft, draft.rng.choice(SETTINGS), draft.rng.random() < 0.5)
+    draft.say(reply)
+    return _sentence(request)
+
+
+def _blocked_settings(draft: Draft) -> str:
+    """Low battery mode refuses wifi / cellular; the agent must turn it off, retry, and say so."""
+    setting = draft.rng.choice(["wifi", "cellular_service"])
+    name = draft.rng.choice(SETTING_NAMES[setting])
+    draft.state.settings.low_battery_mode = True
+    setattr(draft.state.settings, setting, False)
+    draft.milestone("low_battery_mode off", SettingIs("low_battery_mode", False))
+    draft.milestone(f"{setting} on", SettingIs(setting, True), 2)
+    draft.milestone("told the user about low battery mode", Reported((TextFact(("low battery", "low power", "battery saver")),)))
+    draft.call(f"set_{setting}_status", on=True)  # refused
+    draft.call("set_low_battery_mode_status", on=False)
+    draft.call(f"set_{setting}_status", on=True)
+    draft.say(f"{_capital(name)} is on now. I had to turn off low battery mode first, because it was blocking {name}.")
+    return draft.rng.choice([f"Turn on {name}.", f"Please switch {name} on.", f"I need {name}, can you turn it on?"])
+
+
+def _message_contact(draft: Draft) -> str:
+    """Look a contact up and text them; a third of the time cellular is off (half of those also low battery mode)."""
+    contact = draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS))
+    roll = draft.rng.random()
+    draft.state.settings.cellular_service = roll >= 1 / 3
+    draft.state.settings.low_battery_mode = roll < 1 / 6
+    request, reply = _text_contact(draft, contact)
+    draft.say(reply)
+    return _sentence(request)
+
+
+def _relative_reminder(draft: Draft) -> str:
+    request, reply = _remind(draft, draft.rng.choice(["tomorrow", "in_hours", "next_weekday", "first_of_next_month"]))
+    draft.say(reply)
+    return _sentence(request)
+
+
+_COMPOUND_SETTINGS = (("wifi", True), ("wifi", False), ("location_service", True), ("location_service", False), ("low_battery_mode", True))
+_COMPOUND_PARTS: dict[str, Callable[[Draft], tuple[str, str]]] = {
+    "setting": lambda draft: _set_setting(draft, *draft.rng.choice(_COMPOUND_SETTINGS)),
+    "message": lambda draft: _text_contact(draft, draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS))),
+    "reminder": lambda draft: _remind(draft, draft.rng.choice(["tomorrow", "in_hours"])),
+    "new_contact": _save_new_contact,
+    "new_number": _change_number,
+    "delete_reminder": _delete_reminder,
+}
+
+
+def _compound_request(draft: Draft) -> str:
+    parts = draft.rng.sample(sorted(_COMPOUND_PARTS), draft.rng.choice([2, 2, 3]))
+    requests, replies = zip(*(_COMPOUND_PARTS[part](draft) for part in parts))
+    draft.say(" ".join(replies))
+    return _sentence(*requests)
+
+
+def _lookup_phone_number(draft: Draft) -> str:
+    contact = draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS))
+    reference, search = _reference(draft, contact)
+    draft.milestone(f"looked up {contact.name}", ToolCalled("search_contacts"))
+    draft.milestone("reported the phone number", Reported((PhoneFact(contact.phone_number),)), 2)
+    draft.call("search_contacts", **search)
+    draft.say(f"{contact.name}'s number is {contact.phone_number}.")
+    return f"What's {reference}'s phone number?"
+
+
+def _lookup_latest_message(draft: Draft) -> str:
+    """Two or three texts from the contact, then a newer text the owner sent them."""
+    contact, owner = draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS)), draft.state.owner
+    received = []
+    for _ in range(draft.rng.randint(2, 3)):
+        text, word = draft.take_chat()
+        received.append((draft.add_message(contact, owner, text, draft.past_time(5 * DAY, 7200)), word))
+    draft.add_message(owner, contact, draft.take_chat()[0], draft.past_time(3600, 60))
+    latest, word = max(received, key=lambda pair: pair[0].creation_timestamp)
+    reference, search = _reference(draft, contact)
+    draft.milestone("searched the messages", ToolCalled("search_messages"))
+    draft.milestone("reported the latest message", Reported((TextFact((word,)),)), 2)
+    draft.call("search_contacts", **search)
+    draft.call("search_messages", sender_phone_number=contact.phone_number)
+    draft.say(f'The last message from {contact.name} says: "{latest.content}"')
+    return f"What did {reference} last text me?"
+
+
+def _lookup_last_sender(draft: Draft) -> str:
+    """The newest received text, with a newer one the owner sent someone else."""
+    contact, owner = draft.add_contact(draft.rng.choice(COMMON_RELATIONSHIPS)), draft.state.owner
+    text = draft.take_chat()[0]
+    draft.add_message(contact, owner, text, draft.past_time(3000, 600))
+    draft.add_message(owner, draft.state.contacts[1], draft.take_chat()[0], draft.past_time(500, 60))
+    draft.milestone("searched the messages", ToolCalled("search_messages"))
+    draft.milestone("reported the sender", Reported((TextFact((contact.name,)),)), 2)
+    draft.call("search_contacts", relationship="self")
+    draft.call("search_messages", recipient_phone_number=owner.phone_number)
+    draft.call("search_contacts", phone_number=contact.phone_number)
+    draft.say(f'Your most recent text is from {contact.name}: "{text}"')
+    return "Who sent me the most recent text message?"
+
+
+def _lookup_reminder_time(draft: Draft) -> str:
+    task, word = draft.take_task()
+    day = to_datetime(draft.state.now + draft.rng.randint(1, 40) * DAY)
+    moment = utc(day.year, day.month, day.day, draft.rng.randint(7, 20), draft.rng.choice([0, 15, 30, 45]))
+    reminder = draft.add_reminder(task, to_timestamp(moment))
+    draft.milestone("searched the reminders", ToolCalled("search_reminder"))
+    draft.milestone("reported the reminder's date and time", Reported((date_fact(moment), time_fact(moment))), 2)
+    draft.call("search_reminder", content=word)
+    draft.call("timestamp_to_datetime_info", timestamp=reminder.reminder_timestamp)
+    draft.say(f'Your reminder "{reminder.content}" is set for {date_text(moment)} at {clock_text(moment)}.')
+    return f"When is my reminder to {task}?"
+
+
+def _lookup_weekday_of_date(draft: Draft) -> str:
+    day = to_datetime(draft.state.now + draft.rng.randint(-400, 400) * DAY)
+    spoken = f"{MONTHS[day.month - 1]} {day.day}, {day.year}"
+    draft.milestone("converted the date", ToolCalled("timestamp_to_datetime_info"))
+    draft.milestone("reported the weekday", Reported((weekday_fact(day),)), 2)
+    draft.call("datetime_info_to_timestamp", year=day.year, month=day.month, day=day.day)
+    draft.call("timestamp_to_datetime_info", timestamp=to_timestamp(utc(day.year, day.month, day.day)))
+    draft.say(f"{spoken} is a {WEEKDAYS[day.weekday()]}.")
+    return f"What day of the week is {spoken}?"
+
+
+def _lookup_weekday_in_days(draft: Draft) -> str:
+    days = draft.rng.randint(2, 60)
+    target = draft.state.now + days * DAY
+    draft.milestone("checked the current time", ToolCalled("get_current_timestamp"))
+    draft.milestone("reported the weekday", Reported((weekday_fact(to_datetime(target)),)), 2)
+    draft.call("get_current_timestamp")
+    draft.call("shift_timestamp", timestamp=draft.state.now, days=days)
+    draft.call("timestamp_to_datetime_info", timestamp=target)
+    draft.say(f"In {days} days it will be {date_text(to_datetime(target))}.")
+    return f"What day of the week will it be {days} days from now?"
+
+
+_LOOKUPS = (
+    _lookup_phone_number, _lookup_latest_message, _lookup_last_sender,
+    _lookup_reminder_time, _lookup_weekday_of_date, _lookup_weekday_in_days,
+)
+
+
+def _lookup_report(draft: Draft) -> str:
+    return draft.rng.choice(_LOOKUPS)(draft)
+
+
+def _ambiguous_contact(draft: Draft) -> str:
+    """Two contacts share a first name: search, ask which one, then text the one the user names."""
+    first = draft.take_first_name()
+    pair = [draft.add_contact(relationship, first=first) for relationship in draft.rng.sample(COMMON_RELATIONSHIPS + CLOSE_RELATIONSHIPS, 2)]
+    target = draft.rng.choice(pair)
+    wording, content, words = _outgoing(draft.rng)
+    draft.clarification = draft.rng.choice([f"I mean {target.name}.", f"The one who's my {target.relationship}."])
+    draft.milestone(f"looked up {first}", ToolCalled("search_contacts"))
+    draft.milestone(f"asked which {first}", AskedUser())
+    draft.milestone(f"texted {target.name}", MessageSent(target.phone_number, words), 2)
+    draft.minefield("texted someone else", SentToOther(target.phone_number))
+    draft.call("search_contacts", name=first)
+    draft.say(
+        f"I found two contacts named {first}: {pair[0].name} ({pair[0].relationship}) and "
+        f"{pair[1].name} ({pair[1].relationship}). Which one should I text?"
+    )
+    draft.call("send_message_with_phone_number", phone_number=target.phone_number, content=content)
+    draft.say(f'I texted {target.name}: "{content}"')
+    return _sentence(f"text {first} {wording}")
+
+
+_FAMILIES: dict[str, Callable[[Draft], str]] = {
+    "simple_settings": _simple_settings,
+    "blocked_settings": _blocked_settings,
+    "message_contact": _message_contact,
+    "relative_reminder": _relative_reminder,
+    "compound_request": _compound_request,
+    "lookup_report": _lookup_report,
+    "ambiguous_contact": _ambiguous_contact,
+}

@@ -1,0 +1,93 @@
+"""The one environment protocol, in OpenAI chat format.
+
+Every environment in trace-ray (target environments, synthetic capability
+environments) implements :class:`Environment`. Rollouts, training,
+evaluation and serving speak only this protocol:
+
+- ``reset(seed)`` starts the episode for one task and returns the initial
+  messages (system policy + user request) and the OpenAI tool schemas.
+- ``step(assistant_message)`` takes one OpenAI assistant message
+  (``{"role": "assistant", "content": str | None, "tool_calls": [...]}``),
+  executes its tool calls, or treats plain text as the reply to the user, and
+  returns the new messages (tool results or the user's reply), the reward,
+  whether the episode is over, and an info dict. When the episode is over,
+  the reward is the episode's score in [0, 1] and ``info["success"]`` says
+  whether it reached the environment's success threshold.
+
+An episode is deterministic given its seed and the assistant messages.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+ToolSchema = dict[str, Any]
+
+SPLITS = ("analysis", "eval", "train")
+
+
+@dataclass
+class ResetResult:
+    messages: list[Message]
+    tools: list[ToolSchema]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    messages: list[Message]
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(abc.ABC):
+    """One episode at a time; create one instance per concurrent episode."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def task_seeds(self, split: str) -> list[int]:
+        """Fixed task seeds of a benchmark split (``analysis`` or ``eval``).
+
+        ``train`` has unlimited seeds; ask with :meth:`train_seed`.
+        """
+
+    @abc.abstractmethod
+    def train_seed(self, index: int) -> int:
+        """The ``index``-th training seed; disjoint from every benchmark seed."""
+
+    @abc.abstractmethod
+    def reset(self, seed: int) -> ResetResult:
+        ...
+
+    @abc.abstractmethod
+    def step(self, assistant_message: Message) -> StepResult:
+        ...
+
+    @abc.abstractmethod
+    def oracle_message(self) -> Message:
+        """The next assistant message of a policy that solves the current task.
+
+        Used by the self-checks (the oracle must reach reward 1.0) and as the
+        source of successful demonstrations.
+        """
+
+    @abc.abstractmethod
+    def task_fingerprint(self) -> str:
+        """A digest of everything that defines the current task, hidden state included.
+
+        The same seed gives the same fingerprint; different seeds must differ.
+        """
+
+    def example_exchange(self) -> list[Message]:
+        """A worked example of the tool-call format, rendered before the task.
+
+        A short exchange (user -> assistant tool call -> tool result ->
+        assistant reply) on a neutral request. Small models only call tools
+        reliably when they are shown one.
+        """
+        return []

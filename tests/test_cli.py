@@ -1,0 +1,107 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trace_ray.cli import compose_config, main, sweep_jobs
+from trace_ray.config import TraceConfig
+from trace_ray.errors import TraceRayError
+
+
+def test_default_config_is_typed_and_points_at_the_embedded_model():
+    config = compose_config("score", [])
+    assert isinstance(config, TraceConfig)
+    assert (config.model.name, config.env.name, config.split, config.env.max_turns) == ("smollm2_135m", "device", "eval", 50)
+    assert config.model.sampling.temperature == 0.7 and config.env.success_threshold == 1.0
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["env=nope"], "unknown env 'nope'; choose one of: device"),
+        (["model=gpt5"], "unknown model 'gpt5'; choose one of:"),
+        (["nokey=1"], "unknown config key 'nokey'"),
+        (["split=="], "malformed override 'split=='"),
+        (["split=test"], "split='test' is not one of analysis, eval"),
+        (["batch_size=lots"], "invalid configuration (key batch_size)"),
+        (["batch_size=0"], "batch_size must be > 0"),
+        (["limit=-3"], "limit must be a positive number"),
+        (["model.sampling.top_p=1.5"], "model.sampling.top_p must be in (0, 1]"),
+        (["model.sampling.temperature=-1"], "model.sampling.temperature must be >= 0"),
+        (["model.dtype=int8"], "model.dtype='int8' is not one of"),
+        (["env.max_turns=0"], "env.max_turns must be >= 1"),
+        (["env.success_threshold=0"], "env.success_threshold must be in (0, 1]"),
+        (["model=local"], "model.source=path needs model.path="),
+        (["split=eval,analysis"], "add -m to sweep"),
+    ],
+)
+def test_bad_config_is_one_clear_error(overrides, message):
+    with pytest.raises(TraceRayError) as caught:
+        compose_config("score", overrides)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_multirun_expands_sweeps_like_hydra():
+    jobs = sweep_jobs(["split=analysis,eval", "model=tiny_random", "limit=range(1,3)"])
+    assert sorted(jobs) == sorted(
+        [[f"split={split}", "model=tiny_random", f"limit={limit}"] for split in ("analysis", "eval") for limit in (1, 2)]
+    )
+
+
+def test_help_lists_commands_and_groups(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "check-env" in out and "score" in out and "model: local, qwen3_30b_a3b, qwen3_8b, smollm2_135m, tiny_random" in out
+
+
+@pytest.mark.parametrize(
+    "argv, status, message",
+    [
+        (["deploy"], 2, "unknown command 'deploy'; choose one of: check-env, score"),
+        (["score", "--fast"], 1, "unknown flag --fast"),
+        (["score", "env=nope"], 1, "unknown env 'nope'"),
+    ],
+)
+def test_bad_command_lines_exit_non_zero_with_one_line(capsys, argv, status, message):
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    assert err.startswith("trace-ray: error: ") and message in err and err.count("\n") == 1
+
+
+def test_cfg_prints_the_composed_config(capsys):
+    assert main(["score", "--cfg", "model=tiny_random", "env.max_turns=7"]) == 0
+    out = capsys.readouterr().out
+    assert "name: tiny_random" in out and "max_turns: 7" in out
+
+
+def test_check_env_command_passes_on_device(capsys):
+    assert main(["check-env", "env=device"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 6 and "all 6 self-checks passed" in out
+
+
+def test_score_with_tiny_model_writes_report_and_table(tmp_path, capsys):
+    argv = ["score", "model=tiny_random", "split=analysis", "limit=7", "batch_size=4", "model.sampling.max_new_tokens=8", f"run_dir={tmp_path}"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "overall" in out and "mean similarity" in out
+    report = json.loads((tmp_path / "score" / "device-tiny_random-analysis.json").read_text())
+    assert [episode["seed"] for episode in report["episodes"]] == list(range(7))
+    overall = report["metrics"][-1]
+    assert overall["group"] == "overall" and overall["tasks"] == 7
+    assert overall["mean_similarity"] == pytest.approx(sum(e["reward"] for e in report["episodes"]) / 7)
+
+
+def test_multirun_runs_every_job(tmp_path, capsys):
+    argv = ["score", "-m", "model=tiny_random", "split=analysis,eval", "limit=1", "model.sampling.max_new_tokens=4", f"run_dir={tmp_path}"]
+    assert main(argv) == 0
+    assert "job 2/2" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "score").iterdir()) == ["device-tiny_random-analysis.json", "device-tiny_random-eval.json"]
+
+
+def test_installed_entry_point_runs():
+    done = subprocess.run([sys.executable, "-m", "trace_ray.cli", "score", "env=missing"], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "trace-ray: error: unknown env 'missing'; choose one of: device (env=NAME)"

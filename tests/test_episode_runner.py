@@ -1,0 +1,99 @@
+"""The batched episode loop, driven by a scripted engine so every step is deterministic."""
+
+import json
+
+from environments.device.environment import DeviceEnvironment
+from trace_ray.agent import Agent
+from trace_ray.agent_prompt import AgentPrompt, render_tool_call
+from trace_ray.engines import Generation, SamplingParams
+from trace_ray.episode_runner import run_episodes
+from trace_ray.metrics import summarize
+
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=64)
+
+
+class ScriptedEngine:
+    """Replies with a fixed text per call, chosen by what the prompt contains."""
+
+    def __init__(self, tokenizer, reply_for):
+        self.tokenizer = tokenizer
+        self.reply_for = reply_for
+        self.batches = []
+
+    def generate(self, prompts, params):
+        self.batches.append(len(prompts))
+        outputs = []
+        for prompt in prompts:
+            ids = self.tokenizer.encode(self.reply_for(self.tokenizer.decode(prompt))) + [self.tokenizer.eos_token_id]
+            outputs.append(Generation(ids, [-0.5] * len(ids), "stop"))
+        return outputs
+
+
+def oracle_text(seed):
+    """What the oracle would say next, given how many assistant turns the prompt already holds."""
+
+    def reply(prompt_text):
+        env = DeviceEnvironment()
+        env.reset(seed)
+        turns = prompt_text.split("<|im_start|>user\n", 2)[-1].count("<|im_start|>assistant\n") - 1
+        for _ in range(turns):
+            env.step(env.oracle_message())
+        message = env.oracle_message()
+        parts = [message["content"]] if message.get("content") else []
+        parts += [render_tool_call(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+        return "\n".join(parts)
+
+    return reply
+
+
+def test_oracle_replies_through_the_whole_stack_score_one(tiny_model):
+    _, tokenizer = tiny_model
+    seeds = [1, 2, 6]  # blocked settings, message to contact, ambiguous contact (asks the user)
+    results = []
+    for seed in seeds:
+        agent = Agent(ScriptedEngine(tokenizer, oracle_text(seed)), AgentPrompt(tokenizer), max_context_tokens=8192)
+        results += run_episodes(DeviceEnvironment, [seed], agent, GREEDY, batch_size=1)
+    assert [result.reward for result in results] == [1.0, 1.0, 1.0]
+    assert all(result.success and result.termination == "agent_reply" for result in results)
+    assert results[0].turns >= 3  # hit the permission error, fix the blocker, retry, reply
+
+
+def test_batches_stay_full_and_results_keep_seed_order(tiny_model):
+    _, tokenizer = tiny_model
+    def reply(prompt_text):
+        # tasks whose request mentions "wifi" get one tool call first; others answer at once
+        asked = prompt_text.rsplit("<|im_start|>user\n", 1)[-1]
+        if "wifi" in asked.lower() and "get_wifi_status" not in asked:
+            return render_tool_call("get_wifi_status", {})
+        return "All done."
+    engine = ScriptedEngine(tokenizer, reply)
+    agent = Agent(engine, AgentPrompt(tokenizer), max_context_tokens=8192)
+    seeds = list(range(10))
+    finished = []
+    results = run_episodes(DeviceEnvironment, seeds, agent, GREEDY, batch_size=4, on_done=finished.append)
+    assert [result.seed for result in results] == seeds
+    assert sorted(result.seed for result in finished) == seeds
+    assert engine.batches[0] == 4 and max(engine.batches) == 4 and sum(engine.batches) == sum(r.turns for r in results)
+    assert all(0.0 <= result.reward < 1.0 for result in results)
+    rows = summarize(results)
+    assert rows[-1].group == "overall" and rows[-1].tasks == 10
+    assert sum(row.tasks for row in rows[:-1]) == 10
+
+
+def test_prompt_over_the_context_limit_ends_the_episode(tiny_model):
+    _, tokenizer = tiny_model
+    engine = ScriptedEngine(tokenizer, lambda _: "never called")
+    agent = Agent(engine, AgentPrompt(tokenizer), max_context_tokens=100)
+    [result] = run_episodes(DeviceEnvironment, [0], agent, GREEDY, batch_size=2)
+    assert result.termination == "context_limit" and result.reward == 0.0 and engine.batches == []
+
+
+def test_malformed_model_output_is_an_error_observation(tiny_model):
+    _, tokenizer = tiny_model
+    def reply(prompt_text):
+        return "<tool_call>{not json</tool_call>" if "Error:" not in prompt_text.rsplit("<|im_start|>user\n", 1)[-1] else "Sorry."
+    agent = Agent(ScriptedEngine(tokenizer, reply), AgentPrompt(tokenizer), max_context_tokens=8192)
+    [result] = run_episodes(DeviceEnvironment, [0], agent, GREEDY, batch_size=1)
+    tool_messages = [m for m in result.messages if m["role"] == "tool"]
+    assert tool_messages[0]["content"].startswith("Error: malformed tool call")
+    assert result.turns == 2 and result.termination == "agent_reply"

@@ -1,0 +1,66 @@
+import torch
+
+from trace_ray.engines import SamplingParams
+from trace_ray.engines.hf import HFEngine
+
+
+def prompts_for(tokenizer, texts):
+    return [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)["input_ids"])
+        for text in texts
+    ]
+
+
+def forward_logprobs(network, prompt, generated, temperature):
+    ids = torch.tensor([prompt + generated])
+    with torch.no_grad():
+        logits = network(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(generated)[:, None]).squeeze(-1)
+
+
+def test_batched_greedy_matches_single_sequences(tiny_model):
+    network, tokenizer = tiny_model
+    engine = HFEngine(network, tokenizer)
+    prompts = prompts_for(tokenizer, ["Turn on wifi please", "Hi", "What time is it in Paris right now?"])
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=12)
+    batched = engine.generate(prompts, params)
+    for prompt, together in zip(prompts, batched):
+        alone = engine.generate([prompt], params)[0]
+        assert alone.token_ids == together.token_ids
+        assert torch.allclose(torch.tensor(alone.logprobs), torch.tensor(together.logprobs), atol=1e-4)
+
+
+def test_logprobs_are_those_of_the_sampling_policy(tiny_model):
+    network, tokenizer = tiny_model
+    engine = HFEngine(network, tokenizer)
+    prompts = prompts_for(tokenizer, ["short", "a somewhat longer prompt here"])
+    for temperature in (0.0, 0.7):
+        params = SamplingParams(temperature=temperature, top_p=0.9, max_new_tokens=10, seed=3)
+        for prompt, generation in zip(prompts, engine.generate(prompts, params)):
+            assert len(generation.logprobs) == len(generation.token_ids) > 0
+            expected = forward_logprobs(network, prompt, generation.token_ids, temperature or 1.0)
+            assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-3)
+
+
+def test_sampling_is_reproducible_per_seed_and_varies_across_seeds(tiny_model):
+    network, tokenizer = tiny_model
+    engine = HFEngine(network, tokenizer)
+    prompts = prompts_for(tokenizer, ["hello"]) * 4
+    first = engine.generate(prompts, SamplingParams(1.0, 1.0, 16, seed=1))
+    again = engine.generate(prompts, SamplingParams(1.0, 1.0, 16, seed=1))
+    other = engine.generate(prompts, SamplingParams(1.0, 1.0, 16, seed=2))
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+    assert [g.token_ids for g in first] != [g.token_ids for g in other]
+
+
+def test_generation_stops_at_and_keeps_the_stop_token(tiny_model):
+    network, tokenizer = tiny_model
+    prompt = prompts_for(tokenizer, ["stop here"])[0]
+    free = HFEngine(network, tokenizer, stop_token_ids=[tokenizer.eos_token_id]).generate(
+        [prompt], SamplingParams(0.0, 1.0, 8)
+    )[0]
+    stop_at = free.token_ids[2]
+    stopped = HFEngine(network, tokenizer, stop_token_ids=[stop_at]).generate([prompt], SamplingParams(0.0, 1.0, 8))[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop_at) + 1]
+    assert free.finish_reason in ("stop", "length") and len(free.token_ids) <= 8

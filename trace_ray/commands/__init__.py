@@ -1,0 +1,1 @@
+"""One module per ``trace-ray`` command; each exposes ``run(config)`` and ``HELP``."""

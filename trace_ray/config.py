@@ -1,0 +1,124 @@
+"""Typed configuration: Hydra's composed config -> dataclasses, validated here and nowhere else.
+
+Values live in ``conf/``; the dataclasses only declare types (``MISSING``
+means "``conf/`` must set it"), so no default hidden in code can contradict
+the YAML files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from trace_ray.errors import TraceRayError
+
+MODEL_SOURCES = ("embedded", "random_init", "path")
+DTYPES = ("float32", "bfloat16", "float16")
+TOOL_FORMATS = ("auto", "native", "text")
+SPLITS = ("analysis", "eval")
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = MISSING
+    top_p: float = MISSING
+    max_new_tokens: int = MISSING
+
+
+@dataclass
+class PromptConfig:
+    tool_format: str = MISSING  # auto: native tools= rendering if the chat template has it, else text
+    show_example: bool = MISSING  # render the environment's worked tool-call example before the task
+
+
+@dataclass
+class RandomInitConfig:
+    num_hidden_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_key_value_heads: int = MISSING
+    intermediate_size: int = MISSING
+    seed: int = MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    source: str = MISSING  # embedded | random_init | path
+    path: Optional[str] = None  # source=path: a local transformers folder or a hub id
+    gguf_package: Optional[str] = None  # source=embedded: importable package holding the GGUF
+    gguf_file: Optional[str] = None
+    pip_install: Optional[str] = None  # the command that installs the model's package
+    tokenizer_from: Optional[str] = None  # source=random_init: model config file whose tokenizer to reuse
+    random_init: Optional[RandomInitConfig] = None
+    cache_dir: str = MISSING
+    dtype: str = MISSING
+    max_context_tokens: int = MISSING
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+
+
+@dataclass
+class EnvConfig:
+    name: str = MISSING
+    max_turns: int = MISSING
+    max_tool_calls_per_turn: int = MISSING
+    success_threshold: float = MISSING
+
+
+@dataclass
+class TraceConfig:
+    command: str = MISSING
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    split: str = MISSING
+    limit: Optional[int] = None
+    batch_size: int = MISSING
+    seed: int = MISSING
+    run_dir: str = MISSING
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise TraceRayError(message)
+
+
+def validate(config: TraceConfig) -> TraceConfig:
+    model, env, sampling = config.model, config.env, config.model.sampling
+    _require(model.source in MODEL_SOURCES, f"model.source={model.source!r} is not one of {', '.join(MODEL_SOURCES)}")
+    _require(model.dtype in DTYPES, f"model.dtype={model.dtype!r} is not one of {', '.join(DTYPES)}")
+    if model.source == "path":
+        _require(bool(model.path), "model.source=path needs model.path=<local folder or hub id>")
+    if model.source == "embedded":
+        _require(bool(model.gguf_package and model.gguf_file), "model.source=embedded needs model.gguf_package and model.gguf_file")
+    if model.source == "random_init":
+        _require(model.random_init is not None and bool(model.tokenizer_from), "model.source=random_init needs model.random_init and model.tokenizer_from")
+    _require(model.max_context_tokens > 0, "model.max_context_tokens must be > 0")
+    _require(sampling.temperature >= 0, f"model.sampling.temperature must be >= 0, got {sampling.temperature}")
+    _require(0 < sampling.top_p <= 1, f"model.sampling.top_p must be in (0, 1], got {sampling.top_p}")
+    _require(sampling.max_new_tokens > 0, f"model.sampling.max_new_tokens must be > 0, got {sampling.max_new_tokens}")
+    _require(model.prompt.tool_format in TOOL_FORMATS, f"model.prompt.tool_format must be one of {', '.join(TOOL_FORMATS)}")
+    _require(env.max_turns >= 1, f"env.max_turns must be >= 1, got {env.max_turns}")
+    _require(env.max_tool_calls_per_turn >= 1, f"env.max_tool_calls_per_turn must be >= 1, got {env.max_tool_calls_per_turn}")
+    _require(0 < env.success_threshold <= 1, f"env.success_threshold must be in (0, 1], got {env.success_threshold}")
+    _require(config.split in SPLITS, f"split={config.split!r} is not one of {', '.join(SPLITS)}")
+    _require(config.limit is None or config.limit > 0, f"limit must be a positive number of tasks, got {config.limit}")
+    _require(config.batch_size > 0, f"batch_size must be > 0, got {config.batch_size}")
+    return config
+
+
+def to_typed(composed: DictConfig | dict[str, Any]) -> TraceConfig:
+    """Merge the composed config onto the schema (type and key checks), then validate values."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TraceConfig), composed)
+        typed = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        reason = str(exc).splitlines()[0]
+        where = f" (key {key})" if key else ""
+        raise TraceRayError(f"invalid configuration{where}: {reason}; fix the override or the file in conf/") from None
+    assert isinstance(typed, TraceConfig)
+    return validate(typed)

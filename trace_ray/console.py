@@ -1,0 +1,26 @@
+"""Printing tables and errors for the command line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+error_console = Console(stderr=True)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*[str(cell) for cell in row])
+    console.print(table)
+
+
+def print_error(message: str) -> None:
+    """One line on stderr: ``trace-ray: error: <cause>; <fix>``."""
+    print(f"trace-ray: error: {message}", file=sys.stderr)

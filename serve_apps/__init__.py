@@ -1,0 +1,1 @@
+"""Ray Serve applications: the OpenAI-compatible routed agent endpoint."""

@@ -2,10 +2,13 @@
 
 import json
 
+import torch
+
 from environments.device.environment import DeviceEnvironment
 from trace_ray.agent import Agent
 from trace_ray.agent_prompt import AgentPrompt, render_tool_call
 from trace_ray.engines import Generation, SamplingParams
+from trace_ray.engines.hf import HFEngine
 from trace_ray.episode_runner import run_episodes
 from trace_ray.metrics import summarize
 
@@ -97,3 +100,49 @@ def test_malformed_model_output_is_an_error_observation(tiny_model):
     tool_messages = [m for m in result.messages if m["role"] == "tool"]
     assert tool_messages[0]["content"].startswith("Error: malformed tool call")
     assert result.turns == 2 and result.termination == "agent_reply"
+
+
+def test_record_is_the_template_rendering_with_exact_masks_and_logprobs(tiny_model):
+    _, tokenizer = tiny_model
+    prompt = AgentPrompt(tokenizer)
+    for seed in (1, 6):  # a blocked setting (tool errors, several turns) and an ambiguous contact (user reply)
+        engine = ScriptedEngine(tokenizer, oracle_text(seed))
+        [result] = run_episodes(DeviceEnvironment, [seed], Agent(engine, prompt, 8192), GREEDY, batch_size=1)
+        record = result.record
+        assert len(record.token_ids) == len(record.action_mask) == len(record.logprobs)
+        rendered = prompt.rendered_ids(result.messages, result.tools, DeviceEnvironment().example_exchange())
+        closing = prompt.assistant_closing_ids
+        assert record.token_ids == rendered[: len(record.token_ids)]
+        assert rendered[len(record.token_ids):] == closing[1:]
+        # every sampled token, each turn's end-of-turn token included, is an action; nothing else is
+        sampled = [i for i, m in enumerate(record.action_mask) if m]
+        assert sum(1 for i in sampled if record.token_ids[i] == tokenizer.eos_token_id) == result.turns
+        assert all(record.logprobs[i] == -0.5 for i in sampled)
+        assert all(lp == 0.0 for lp, m in zip(record.logprobs, record.action_mask) if not m)
+        assistant_texts = [m["raw_text"] for m in result.messages if m["role"] == "assistant"]
+        segments, current = [], []
+        for token, mask in zip(record.token_ids, record.action_mask):
+            if mask:
+                current.append(token)
+            elif current:
+                segments.append(current)
+                current = []
+        segments.append(current)
+        assert [tokenizer.decode(s[:-1]) for s in segments] == assistant_texts
+        assert all(s[-1] == tokenizer.eos_token_id for s in segments)
+
+
+def test_sampled_record_logprobs_match_a_teacher_forced_forward(tiny_model):
+    network, tokenizer = tiny_model
+    agent = Agent(HFEngine(network, tokenizer), AgentPrompt(tokenizer), max_context_tokens=8192)
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=12, seed=5)
+    results = run_episodes(DeviceEnvironment, [0, 1, 2], agent, params, batch_size=3)
+    for result in results:
+        record = result.record
+        ids = torch.tensor([record.token_ids])
+        with torch.no_grad():
+            logits = network(ids).logits[0, :-1].float() / params.temperature
+        forward = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        mask = torch.tensor(record.action_mask[1:], dtype=torch.bool)
+        assert mask.sum() == record.action_tokens > 0
+        assert torch.allclose(forward[mask], torch.tensor(record.logprobs[1:])[mask], atol=1e-3)

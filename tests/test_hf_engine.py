@@ -64,3 +64,23 @@ def test_generation_stops_at_and_keeps_the_stop_token(tiny_model):
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop_at) + 1]
     assert free.finish_reason in ("stop", "length") and len(free.token_ids) <= 8
+
+
+def test_prefix_cache_gives_the_same_tokens_and_logprobs(tiny_model, monkeypatch):
+    network, tokenizer = tiny_model
+    policy = "You are a careful phone assistant. " * 12
+    prompts = prompts_for(tokenizer, [policy + "Turn on wifi.", policy + "Text Ann that I am late.", policy + "Hi"])
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=10, seed=4)
+    cached_engine = HFEngine(network, tokenizer)
+    cached = cached_engine.generate(prompts, params)
+    assert len(cached_engine._prefix_caches) == 1
+    (prefix,) = cached_engine._prefix_caches
+    assert len(prefix) >= 100 and all(list(prefix) == p[: len(prefix)] for p in prompts)
+    again = cached_engine.generate(prompts, params)  # reuses the stored prefix
+    assert len(cached_engine._prefix_caches) == 1
+    monkeypatch.setattr("trace_ray.engines.hf.MIN_CACHED_PREFIX", 10**9)
+    plain = HFEngine(network, tokenizer).generate(prompts, params)
+    for with_cache, without in zip(cached, plain):
+        assert with_cache.token_ids == without.token_ids
+        assert torch.allclose(torch.tensor(with_cache.logprobs), torch.tensor(without.logprobs), atol=1e-4)
+    assert [g.token_ids for g in again] == [g.token_ids for g in plain]

@@ -1,27 +1,19 @@
 """The agent: the agent prompt plus an engine and sampling settings.
 
-It renders conversations (environment messages + tool schemas) into prompt
-token ids, generates one reply per prompt in one batch, and parses each reply
-into an OpenAI assistant message.
+It generates one reply per prompt (token ids) in one batch and parses each
+reply into an OpenAI assistant message.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from environments.protocol import Message, ToolSchema
+from environments.protocol import Message
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.config import ModelConfig
 from trace_ray.engines import Engine, Generation, SamplingParams
 from trace_ray.engines.hf import HFEngine
 from trace_ray.models import load_model
-
-
-@dataclass
-class Conversation:
-    messages: list[Message]
-    tools: list[ToolSchema]
-    example: list[Message]
 
 
 @dataclass
@@ -36,9 +28,6 @@ class Agent:
         self.engine = engine
         self.prompt = prompt
         self.max_context_tokens = max_context_tokens
-
-    def render(self, conversation: Conversation) -> list[int]:
-        return self.prompt.prompt_ids(conversation.messages, conversation.tools, conversation.example)
 
     def fits(self, prompt_ids: list[int], params: SamplingParams) -> bool:
         return len(prompt_ids) + params.max_new_tokens <= self.max_context_tokens

@@ -15,10 +15,12 @@ assistant message. Two renderings:
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 from environments.protocol import Message, ToolSchema
+from trace_ray.errors import TraceRayError
 from trace_ray.tool_call_parser import parse_assistant_text
 
 TOOL_CALL_INSTRUCTIONS = (
@@ -60,7 +62,13 @@ def render_tool_call(name: str, arguments: Any) -> str:
 
 
 def assistant_text(message: Message) -> str:
-    """An assistant message as the raw text a text-format model writes."""
+    """An assistant message as the raw text a text-format model writes.
+
+    A parsed model reply keeps the exact text the model wrote in ``raw_text``,
+    so rendering it again reproduces what was sampled.
+    """
+    if "raw_text" in message:
+        return message["raw_text"]
     parts = [message["content"]] if message.get("content") else []
     for call in message.get("tool_calls") or []:
         parts.append(render_tool_call(call["function"]["name"], call["function"].get("arguments", {})))
@@ -105,13 +113,60 @@ class AgentPrompt:
                 rendered.append({"role": message["role"], "content": message.get("content") or ""})
         return rendered
 
-    def prompt_ids(self, messages: list[Message], tools: list[ToolSchema], example: list[Message]) -> list[int]:
+    def _render_ids(self, messages, tools, example, add_generation_prompt: bool) -> list[int]:
         chat = self.chat(messages, tools, example)
         encoded = self.tokenizer.apply_chat_template(
-            chat, tools=tools if self.native else None, add_generation_prompt=True, tokenize=True
+            chat, tools=tools if self.native else None, add_generation_prompt=add_generation_prompt, tokenize=True
         )
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
+    def prompt_ids(self, messages: list[Message], tools: list[ToolSchema], example: list[Message]) -> list[int]:
+        """The first prompt of an episode, ending with the assistant generation header."""
+        return self._render_ids(messages, tools, example, add_generation_prompt=True)
+
+    def rendered_ids(self, messages: list[Message], tools: list[ToolSchema], example: list[Message]) -> list[int]:
+        """A whole conversation as the chat template renders it (no generation header)."""
+        return self._render_ids(messages, tools, example, add_generation_prompt=False)
+
+    @functools.cached_property
+    def assistant_closing_ids(self) -> list[int]:
+        """The tokens the template writes after an assistant turn's text (``<|im_end|>\n`` in ChatML)."""
+        sentinel = "\u2063TRACE_SENTINEL\u2063"
+        chat = [{"role": "user", "content": "x"}, {"role": "assistant", "content": sentinel}]
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False)
+        closing = text[text.rindex(sentinel) + len(sentinel):]
+        return self.tokenizer.encode(closing, add_special_tokens=False)
+
+    def continuation_ids(
+        self,
+        messages: list[Message],
+        new_count: int,
+        tools: list[ToolSchema],
+        example: list[Message],
+        sampled_ids: list[int],
+    ) -> list[int]:
+        """The tokens that follow the sampled reply before the next generation.
+
+        ``messages`` ends with the assistant reply followed by ``new_count``
+        environment messages. Returns the rest of the assistant turn's closing
+        (what the template writes after the reply that the model did not
+        sample) plus the rendering of the new messages and the generation
+        header. Requires an append-only chat template and says so otherwise.
+        """
+        through_reply = self.rendered_ids(messages[: len(messages) - new_count], tools, example)
+        extended = self.prompt_ids(messages, tools, example)
+        if extended[: len(through_reply)] != through_reply:
+            raise TraceRayError(
+                "the model's chat template is not append-only (rendering a longer conversation changed earlier "
+                "tokens), so token-in/token-out rollouts cannot extend it; use model.prompt.tool_format=text"
+            )
+        closing = self.assistant_closing_ids
+        ended_with_closing = bool(closing) and sampled_ids[-1:] == closing[:1]
+        return (closing[1:] if ended_with_closing else closing) + extended[len(through_reply):]
+
     def parse(self, token_ids: list[int], turn: int = 0) -> Message:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return parse_assistant_text(text, turn=turn)
+        message = parse_assistant_text(text, turn=turn)
+        if not self.native:
+            message["raw_text"] = text
+        return message

@@ -44,7 +44,7 @@ def run(config: TraceConfig) -> None:
             "split": config.split,
             "metrics": [dataclasses.asdict(row) for row in rows],
             "episodes": [
-                {key: value for key, value in dataclasses.asdict(result).items() if key != "messages"}
+                {key: value for key, value in dataclasses.asdict(result).items() if key not in ("messages", "tools", "record")}
                 for result in results
             ],
         },

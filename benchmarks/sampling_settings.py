@@ -16,10 +16,10 @@ import sys
 import time
 
 from environments.tool_environment import check_arguments
-from trace_ray.agent import build_agent
+from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.cli import compose_config
 from trace_ray.console import print_table
-from trace_ray.engines import SamplingParams
+from trace_ray.engines import SamplingParams, make_engine
 from trace_ray.environment_setup import environment_maker
 
 SETTINGS = [(0.0, 1.0), (0.5, 0.9), (0.7, 0.9), (1.0, 0.9), (1.0, 1.0)]
@@ -31,26 +31,27 @@ def main() -> None:
     max_new_tokens = int(options.pop("max_new_tokens", 96))  # enough for a first tool call
     config = compose_config("score", [f"{key}={value}" for key, value in options.items()])
     make_env = environment_maker(config.env)
-    agent = build_agent(config.model)
+    engine = make_engine(config.model)
+    prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
     tasks = []
     for seed in make_env().task_seeds("analysis")[:7]:  # one task of each family
         env = make_env()
         reset = env.reset(seed)
         oracle_tool = env.oracle_message()["tool_calls"][0]["function"]["name"]
         schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in reset.tools}
-        prompt = agent.prompt.prompt_ids(reset.messages, reset.tools, env.example_exchange())
-        tasks.append((prompt, schemas, oracle_tool))
+        tasks.append((prompt.prompt_ids(reset.messages, reset.tools, env.example_exchange()), schemas, oracle_tool))
     rows, greedy_rate = [], None
     for temperature, top_p in SETTINGS:
         count = 1 if temperature == 0 else samples
-        prompts = [prompt for prompt, _, _ in tasks for _ in range(count)]
+        prompts = [ids for ids, _, _ in tasks for _ in range(count)]
         started = time.perf_counter()
-        turns = agent.act(prompts, [0] * len(prompts), SamplingParams(temperature, top_p, max_new_tokens, seed=0))
+        generations = engine.generate(prompts, SamplingParams(temperature, top_p, max_new_tokens, seed=0))
         seconds = time.perf_counter() - started
+        replies = [prompt.parse(generation.token_ids) for generation in generations]
         called = valid = right = 0
-        for index, turn in enumerate(turns):
+        for index, reply in enumerate(replies):
             _, schemas, oracle_tool = tasks[index // count]
-            calls = turn.message.get("tool_calls") or []
+            calls = reply.get("tool_calls") or []
             called += bool(calls)
             for call in calls[:1]:
                 name, arguments = call["function"]["name"], call["function"]["arguments"]
@@ -60,12 +61,12 @@ def main() -> None:
                     continue
                 valid += name in schemas and check_arguments(arguments, schemas[name]) is None
                 right += name == oracle_tool
-        rate = valid / len(turns)
+        rate = valid / len(replies)
         greedy_rate = rate if greedy_rate is None else greedy_rate
         ratio = f"{rate / greedy_rate:.2f}x" if greedy_rate else ("n/a (greedy 0)" if temperature else "1.00x")
         print(f"T={temperature} top_p={top_p}: valid call rate {rate:.2f} ({seconds:.0f} s)", flush=True)
-        rows.append((f"T={temperature} top_p={top_p}", len(turns), f"{called / len(turns):.2f}", f"{rate:.2f}",
-                     f"{right / len(turns):.2f}", f"{sum(len(t.generation.token_ids) for t in turns) / seconds:.0f}", ratio))
+        rows.append((f"T={temperature} top_p={top_p}", len(replies), f"{called / len(replies):.2f}", f"{rate:.2f}",
+                     f"{right / len(replies):.2f}", f"{sum(len(g.token_ids) for g in generations) / seconds:.0f}", ratio))
     print_table(
         f"first-turn tool calls of {config.model.name} on {config.env.name} (7 tasks, one per family)",
         ["setting", "samples", "called", "valid call", "oracle's tool", "tokens/s", "valid vs greedy"],

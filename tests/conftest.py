@@ -18,3 +18,13 @@ def tiny_model():
 def smollm2():
     """(network, tokenizer) of the embedded SmolLM2-135M-Instruct."""
     return load_model(model_config("smollm2_135m"))
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole test session (4 logical CPUs so light actors always fit)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -42,7 +42,7 @@ def test_text_rendering_puts_tools_in_system_then_example_then_task(tiny_model):
     chat = AgentPrompt(tokenizer).chat(MESSAGES, TOOLS, EXAMPLE)
     assert [m["role"] for m in chat] == ["system", "user", "assistant", "tool", "assistant", "user"]
     assert chat[0]["content"].startswith("You run a phone.\n\n# Tools\n- set_wifi_status(on: boolean)")
-    assert "<tool_call>{\"name\": \"<tool name>\"" in chat[0]["content"]
+    assert "<tool_call>{\"name\": \"tool_name\"" in chat[0]["content"]
     assert chat[2]["content"] == '<tool_call>{"name": "get_wifi_status", "arguments": {}}</tool_call>'
     assert chat[-1] == MESSAGES[-1]
     without = AgentPrompt(tokenizer, show_example=False).chat(MESSAGES, TOOLS, EXAMPLE)

@@ -178,5 +178,8 @@ def test_example_exchange_uses_one_device_tool():
     exchange = DeviceEnvironment().example_exchange()
     assert [message["role"] for message in exchange] == ["user", "assistant", "tool", "assistant"]
     call = exchange[1]["tool_calls"][0]
-    assert call["function"]["name"] == "get_wifi_status" and exchange[2]["tool_call_id"] == call["id"]
+    assert call["function"]["name"] == "set_wifi_status" and exchange[2]["tool_call_id"] == call["id"]
     assert call["function"]["name"] in {tool["function"]["name"] for tool in DeviceEnvironment().reset(0).tools}
+    env = DeviceEnvironment()
+    env.reset(0)
+    assert env.step(exchange[1]).messages[0]["content"] == exchange[2]["content"]  # the example shows the real result

@@ -23,9 +23,10 @@ from environments.protocol import Message, ToolSchema
 from trace_ray.errors import TraceRayError
 from trace_ray.tool_call_parser import parse_assistant_text
 
+# Concrete names, not placeholders: the embedded model copies placeholders literally (measured).
 TOOL_CALL_INSTRUCTIONS = (
     "To call a tool, answer with only:\n"
-    '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>\n'
+    '<tool_call>{"name": "tool_name", "arguments": {"argument_name": "value"}}</tool_call>\n'
     "You will get the tool's result. When the request is done, reply to the user in plain text."
 )
 
@@ -94,6 +95,11 @@ class AgentPrompt:
         self.tokenizer = tokenizer
         self.native = tool_format == "native" or (tool_format == "auto" and template_supports_tools(tokenizer))
         self.show_example = show_example
+
+    @classmethod
+    def for_model(cls, model, tokenizer) -> "AgentPrompt":
+        """The prompt configured by a ``ModelConfig``'s ``prompt`` section."""
+        return cls(tokenizer, tool_format=model.prompt.tool_format, show_example=model.prompt.show_example)
 
     def chat(self, messages: list[Message], tools: list[ToolSchema], example: list[Message]) -> list[Message]:
         """The messages handed to the chat template: system, example, conversation."""

@@ -24,6 +24,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 COMMANDS = {
     "check-env": "trace_ray.commands.check_env",
     "score": "trace_ray.commands.score",
+    "collect": "trace_ray.commands.collect",
 }
 FLAGS = {"-m", "--multirun", "--cfg", "-h", "--help"}
 

@@ -19,6 +19,7 @@ MODEL_SOURCES = ("embedded", "random_init", "path")
 DTYPES = ("float32", "bfloat16", "float16")
 TOOL_FORMATS = ("auto", "native", "text")
 SPLITS = ("analysis", "eval")
+ENGINES = ("hf",)
 
 
 @dataclass
@@ -70,15 +71,43 @@ class EnvConfig:
 
 
 @dataclass
+class EngineConfig:
+    name: str = MISSING  # hf
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None
+    num_cpus: Optional[int] = None
+
+
+@dataclass
+class RolloutConfig:
+    num_workers: int = MISSING
+    worker_cpus: float = MISSING
+    worker_gpus: float = MISSING
+    worker_threads: Optional[int] = None
+    num_env_actors: int = MISSING
+    env_actor_cpus: float = MISSING
+    shard_size: int = MISSING
+
+
+@dataclass
 class TraceConfig:
     command: str = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     split: str = MISSING
     limit: Optional[int] = None
     batch_size: int = MISSING
     seed: int = MISSING
     run_dir: str = MISSING
+    samples_per_task: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    ray: RayConfig = field(default_factory=RayConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -107,6 +136,14 @@ def validate(config: TraceConfig) -> TraceConfig:
     _require(config.split in SPLITS, f"split={config.split!r} is not one of {', '.join(SPLITS)}")
     _require(config.limit is None or config.limit > 0, f"limit must be a positive number of tasks, got {config.limit}")
     _require(config.batch_size > 0, f"batch_size must be > 0, got {config.batch_size}")
+    _require(config.engine.name in ENGINES, f"engine={config.engine.name!r} is not one of {', '.join(ENGINES)}")
+    _require(config.samples_per_task > 0, f"samples_per_task must be > 0, got {config.samples_per_task}")
+    _require(config.temperature >= 0, f"temperature must be >= 0, got {config.temperature}")
+    _require(0 < config.top_p <= 1, f"top_p must be in (0, 1], got {config.top_p}")
+    rollout = config.rollout
+    _require(rollout.num_workers >= 1 and rollout.num_env_actors >= 1, "rollout.num_workers and rollout.num_env_actors must be >= 1")
+    _require(min(rollout.worker_cpus, rollout.worker_gpus, rollout.env_actor_cpus) >= 0, "rollout CPU/GPU amounts must be >= 0")
+    _require(rollout.shard_size >= 1, f"rollout.shard_size must be >= 1, got {rollout.shard_size}")
     return config
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trace_ray.episode_runner import EpisodeResult
+from trace_ray.rollout_loop import EpisodeResult
 
 
 @dataclass

@@ -79,10 +79,14 @@ class DeviceEnvironment(ToolEnvironment):
         return self.scenario.oracle[self.log.turns]
 
     def example_exchange(self) -> list[Message]:
-        call = {"id": "call_example", "type": "function", "function": {"name": "get_wifi_status", "arguments": "{}"}}
+        """One call with an argument: measured to make the embedded model write valid calls.
+
+        (An argument-free example made it copy empty or placeholder arguments.)
+        """
+        call = {"id": "call_example", "type": "function", "function": {"name": "set_wifi_status", "arguments": '{"on": false}'}}
         return [
-            {"role": "user", "content": "Is wifi on?"},
+            {"role": "user", "content": "Turn off wifi."},
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_example", "name": "get_wifi_status", "content": "true"},
-            {"role": "assistant", "content": "Yes, wifi is on."},
+            {"role": "tool", "tool_call_id": "call_example", "name": "set_wifi_status", "content": "wifi is now off"},
+            {"role": "assistant", "content": "Wifi is now off."},
         ]

@@ -32,12 +32,19 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return length
 
 
+def end_of_turn_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's eos plus the generation config's eos tokens."""
+    configured = model.generation_config.eos_token_id
+    configured = configured if isinstance(configured, list) else [configured]
+    return sorted({tokenizer.eos_token_id, *[token for token in configured if token is not None]})
+
+
 class HFEngine:
     def __init__(self, model, tokenizer, stop_token_ids: list[int] | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
-        self.stop_token_ids = sorted(set(stop_token_ids or [tokenizer.eos_token_id]))
+        self.stop_token_ids = stop_token_ids or end_of_turn_ids(model, tokenizer)
         self._prefix_caches: OrderedDict[tuple[int, ...], object] = OrderedDict()
 
     @property

@@ -1,18 +1,23 @@
-"""The batched episode loop, driven by a scripted engine so every step is deterministic."""
+"""The batched rollout loop, driven by a scripted engine so every step is deterministic."""
 
 import json
 
 import torch
 
 from environments.device.environment import DeviceEnvironment
-from trace_ray.agent import Agent
 from trace_ray.agent_prompt import AgentPrompt, render_tool_call
 from trace_ray.engines import Generation, SamplingParams
 from trace_ray.engines.hf import HFEngine
-from trace_ray.episode_runner import run_episodes
 from trace_ray.metrics import summarize
+from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts
 
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=64)
+
+
+def run_episodes(seeds, engine, tokenizer, params=GREEDY, batch_size=1, max_context_tokens=8192, on_done=None):
+    tasks = [EpisodeTask(f"device-{seed}", seed) for seed in seeds]
+    backend = LocalBackend(DeviceEnvironment, engine)
+    return run_rollouts(tasks, backend, AgentPrompt(tokenizer), params, batch_size, max_context_tokens, on_done)
 
 
 class ScriptedEngine:
@@ -54,8 +59,7 @@ def test_oracle_replies_through_the_whole_stack_score_one(tiny_model):
     seeds = [1, 2, 6]  # blocked settings, message to contact, ambiguous contact (asks the user)
     results = []
     for seed in seeds:
-        agent = Agent(ScriptedEngine(tokenizer, oracle_text(seed)), AgentPrompt(tokenizer), max_context_tokens=8192)
-        results += run_episodes(DeviceEnvironment, [seed], agent, GREEDY, batch_size=1)
+        results += run_episodes([seed], ScriptedEngine(tokenizer, oracle_text(seed)), tokenizer)
     assert [result.reward for result in results] == [1.0, 1.0, 1.0]
     assert all(result.success and result.termination == "agent_reply" for result in results)
     assert results[0].turns >= 3  # hit the permission error, fix the blocker, retry, reply
@@ -70,10 +74,9 @@ def test_batches_stay_full_and_results_keep_seed_order(tiny_model):
             return render_tool_call("get_wifi_status", {})
         return "All done."
     engine = ScriptedEngine(tokenizer, reply)
-    agent = Agent(engine, AgentPrompt(tokenizer), max_context_tokens=8192)
     seeds = list(range(10))
     finished = []
-    results = run_episodes(DeviceEnvironment, seeds, agent, GREEDY, batch_size=4, on_done=finished.append)
+    results = run_episodes(seeds, engine, tokenizer, batch_size=4, on_done=finished.append)
     assert [result.seed for result in results] == seeds
     assert sorted(result.seed for result in finished) == seeds
     assert engine.batches[0] == 4 and max(engine.batches) == 4 and sum(engine.batches) == sum(r.turns for r in results)
@@ -86,8 +89,7 @@ def test_batches_stay_full_and_results_keep_seed_order(tiny_model):
 def test_prompt_over_the_context_limit_ends_the_episode(tiny_model):
     _, tokenizer = tiny_model
     engine = ScriptedEngine(tokenizer, lambda _: "never called")
-    agent = Agent(engine, AgentPrompt(tokenizer), max_context_tokens=100)
-    [result] = run_episodes(DeviceEnvironment, [0], agent, GREEDY, batch_size=2)
+    [result] = run_episodes([0], engine, tokenizer, batch_size=2, max_context_tokens=100)
     assert result.termination == "context_limit" and result.reward == 0.0 and engine.batches == []
 
 
@@ -95,8 +97,7 @@ def test_malformed_model_output_is_an_error_observation(tiny_model):
     _, tokenizer = tiny_model
     def reply(prompt_text):
         return "<tool_call>{not json</tool_call>" if "Error:" not in prompt_text.rsplit("<|im_start|>user\n", 1)[-1] else "Sorry."
-    agent = Agent(ScriptedEngine(tokenizer, reply), AgentPrompt(tokenizer), max_context_tokens=8192)
-    [result] = run_episodes(DeviceEnvironment, [0], agent, GREEDY, batch_size=1)
+    [result] = run_episodes([0], ScriptedEngine(tokenizer, reply), tokenizer)
     tool_messages = [m for m in result.messages if m["role"] == "tool"]
     assert tool_messages[0]["content"].startswith("Error: malformed tool call")
     assert result.turns == 2 and result.termination == "agent_reply"
@@ -107,7 +108,7 @@ def test_record_is_the_template_rendering_with_exact_masks_and_logprobs(tiny_mod
     prompt = AgentPrompt(tokenizer)
     for seed in (1, 6):  # a blocked setting (tool errors, several turns) and an ambiguous contact (user reply)
         engine = ScriptedEngine(tokenizer, oracle_text(seed))
-        [result] = run_episodes(DeviceEnvironment, [seed], Agent(engine, prompt, 8192), GREEDY, batch_size=1)
+        [result] = run_episodes([seed], engine, tokenizer)
         record = result.record
         assert len(record.token_ids) == len(record.action_mask) == len(record.logprobs)
         rendered = prompt.rendered_ids(result.messages, result.tools, DeviceEnvironment().example_exchange())
@@ -134,9 +135,8 @@ def test_record_is_the_template_rendering_with_exact_masks_and_logprobs(tiny_mod
 
 def test_sampled_record_logprobs_match_a_teacher_forced_forward(tiny_model):
     network, tokenizer = tiny_model
-    agent = Agent(HFEngine(network, tokenizer), AgentPrompt(tokenizer), max_context_tokens=8192)
     params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=12, seed=5)
-    results = run_episodes(DeviceEnvironment, [0, 1, 2], agent, params, batch_size=3)
+    results = run_episodes([0, 1, 2], HFEngine(network, tokenizer), tokenizer, params, batch_size=3)
     for result in results:
         record = result.record
         ids = torch.tensor([record.token_ids])
@@ -146,3 +146,40 @@ def test_sampled_record_logprobs_match_a_teacher_forced_forward(tiny_model):
         mask = torch.tensor(record.action_mask[1:], dtype=torch.bool)
         assert mask.sum() == record.action_tokens > 0
         assert torch.allclose(forward[mask], torch.tensor(record.logprobs[1:])[mask], atol=1e-3)
+
+
+class FlakyBackend(LocalBackend):
+    """Loses episode device-2 at its first step and device-3 at its reset, once each."""
+
+    def __init__(self, engine):
+        super().__init__(DeviceEnvironment, engine)
+        self.lost = set()
+        self.resets = []
+
+    def reset(self, tasks):
+        self.resets += [task.key for task in tasks]
+        results = super().reset(tasks)
+        return [None if task.key == "device-3" and self._lose(task.key + "/reset") else result for task, result in zip(tasks, results)]
+
+    def step(self, steps):
+        results = super().step(steps)
+        return [None if key == "device-2" and self._lose(key) else result for (key, _), result in zip(steps, results)]
+
+    def _lose(self, what):
+        if what in self.lost:
+            return False
+        self.lost.add(what)
+        return True
+
+
+def test_lost_episodes_rerun_once_from_the_start(tiny_model):
+    _, tokenizer = tiny_model
+    engine = ScriptedEngine(tokenizer, lambda _: "Done.")
+    backend = FlakyBackend(engine)
+    tasks = [EpisodeTask(f"device-{seed}", seed) for seed in range(5)]
+    finished = []
+    results = run_rollouts(tasks, backend, AgentPrompt(tokenizer), GREEDY, 4, 8192, finished.append)
+    assert [r.key for r in results] == [t.key for t in tasks]
+    assert sorted(r.key for r in finished) == sorted(t.key for t in tasks)  # each reported exactly once
+    assert backend.resets.count("device-2") == 2 and backend.resets.count("device-3") == 2
+    assert all(r.turns == 1 for r in results)

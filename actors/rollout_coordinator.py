@@ -1,0 +1,157 @@
+"""The Ray side of the rollout loop: a pool of rollout workers and environment actors.
+
+:class:`RayRolloutBackend` implements the rollout loop's backend over actor
+handles. Each episode is pinned to one environment actor (round robin at
+reset); each turn's prompts are split into one contiguous chunk per rollout
+worker and generated in parallel.
+
+Failures: rollout workers are stateless between calls, so Ray restarts a dead
+one and retries its call (``max_task_retries``). Environment actors hold
+episode state, so Ray restarts a dead one empty and its episodes come back
+as lost (``None``); the loop reruns them from the start.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from environments.protocol import Message, ResetResult, StepResult
+from trace_ray.config import TraceConfig
+from trace_ray.engines import Generation, SamplingParams
+from trace_ray.errors import TraceRayError
+from trace_ray.rollout_loop import EpisodeTask
+
+WORKER_CALL_RETRIES = 3
+
+
+def connect_ray(config: TraceConfig) -> None:
+    """Start a local Ray, or join the cluster at ``ray.address`` / ``RAY_ADDRESS``."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    if address and address not in ("auto", "local") and not address.startswith("ray://"):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError):
+            raise TraceRayError(
+                f"cannot reach a Ray cluster at {address}; start one (ray start --head) or fix ray.address / RAY_ADDRESS"
+            ) from None
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=False)
+    except ConnectionError as exc:
+        raise TraceRayError(f"cannot connect to Ray at {address} ({str(exc).splitlines()[0]}); fix ray.address or RAY_ADDRESS") from None
+
+
+def wait_until_alive(actor, timeout_s: float = 120.0) -> None:
+    """Block until a (restarting) actor answers again."""
+    import ray
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(actor.ping.remote(), timeout=10)
+            return
+        except (RayActorError, ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if time.monotonic() > deadline:
+                raise TraceRayError(f"an environment actor did not come back within {timeout_s:.0f} s; check the Ray cluster (ray status)") from None
+            time.sleep(0.5)
+
+
+@dataclass
+class RolloutPool:
+    workers: list
+    env_actors: list
+
+
+def start_pool(config: TraceConfig) -> RolloutPool:
+    """Rollout workers and environment actors sized by ``config.rollout``."""
+    import ray
+
+    from actors.environment_actor import EnvironmentActor
+    from actors.rollout_worker import RolloutWorker
+
+    rollout = config.rollout
+    threads = rollout.worker_threads or max(1, (os.cpu_count() or 1) // rollout.num_workers)
+    worker_class = ray.remote(max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES)(RolloutWorker)
+    env_class = ray.remote(max_restarts=-1, max_task_retries=0)(EnvironmentActor)
+    workers = [
+        worker_class.options(num_cpus=rollout.worker_cpus, num_gpus=rollout.worker_gpus).remote(
+            config.model, config.engine.name, threads
+        )
+        for _ in range(rollout.num_workers)
+    ]
+    env_actors = [env_class.options(num_cpus=rollout.env_actor_cpus).remote(config.env) for _ in range(rollout.num_env_actors)]
+    ray.get([worker.health.remote() for worker in workers] + [actor.ping.remote() for actor in env_actors])
+    return RolloutPool(workers, env_actors)
+
+
+class RayRolloutBackend:
+    def __init__(self, pool: RolloutPool):
+        self.pool = pool
+        self.home: dict[str, int] = {}  # episode key -> index of its environment actor
+        self._next_actor = 0
+
+    def example_exchange(self) -> list[Message]:
+        import ray
+
+        return ray.get(self.pool.env_actors[0].example_exchange.remote())
+
+    def _by_actor(self, keys: list[str]) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for position, key in enumerate(keys):
+            groups.setdefault(self.home[key], []).append(position)
+        return groups
+
+    def _call_actors(self, method: str, keys: list[str], items: list) -> list:
+        """Call ``method`` on every episode's actor with its items; a dead actor's episodes answer None."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        answers: list = [None] * len(items)
+        calls = {
+            index: getattr(self.pool.env_actors[index], method).remote([items[p] for p in positions])
+            for index, positions in self._by_actor(keys).items()
+        }
+        for index, reference in calls.items():
+            try:
+                results = ray.get(reference)
+            except (RayActorError, ActorUnavailableError):
+                wait_until_alive(self.pool.env_actors[index])  # Ray restarts it empty: its episodes are rerun
+                continue
+            for position, result in zip(self._by_actor(keys)[index], results):
+                answers[position] = result
+        return answers
+
+    def reset(self, tasks: list[EpisodeTask]) -> list[ResetResult | None]:
+        for task in tasks:
+            self.home[task.key] = self._next_actor
+            self._next_actor = (self._next_actor + 1) % len(self.pool.env_actors)
+        return self._call_actors("reset", [task.key for task in tasks], tasks)
+
+    def step(self, steps: list[tuple[str, Message]]) -> list[StepResult | None]:
+        return self._call_actors("step", [key for key, _ in steps], steps)
+
+    def release(self, keys: list[str]) -> None:
+        for index, positions in self._by_actor(keys).items():
+            self.pool.env_actors[index].release.remote([keys[p] for p in positions])
+        for key in keys:
+            self.home.pop(key, None)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        import ray
+
+        workers = self.pool.workers
+        size = -(-len(prompts) // len(workers))
+        chunks = [prompts[start : start + size] for start in range(0, len(prompts), size)]
+        references = [worker.generate.remote(chunk, params) for worker, chunk in zip(workers, chunks)]
+        return [generation for chunk in ray.get(references) for generation in chunk]

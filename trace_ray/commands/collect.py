@@ -1,0 +1,89 @@
+"""``trace-ray collect env=... model=... split=analysis samples_per_task=K``: episodes to Parquet on Ray."""
+
+from __future__ import annotations
+
+import collections
+
+from rich.progress import Progress
+
+from trace_ray.agent_prompt import AgentPrompt
+from trace_ray.config import TraceConfig
+from trace_ray.console import console, print_table
+from trace_ray.engines import SamplingParams
+from trace_ray.environment_setup import environment_maker
+from trace_ray.models import load_tokenizer
+from trace_ray.rollout_loop import benchmark_tasks, run_rollouts
+from trace_ray.trajectory_store import TrajectoryStore, episode_row
+
+HELP = "sample K episodes per task of a split on Ray rollout workers and write run_dir/trajectories/ (Parquet)"
+
+
+def collection_manifest(config: TraceConfig) -> dict:
+    """What the trajectories are; a run directory holding different ones is refused."""
+    return {
+        "env": config.env.name,
+        "split": config.split,
+        "model": config.model.name,
+        "adapter_name": None,
+        "adapter_version": None,
+        "samples_per_task": config.samples_per_task,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "max_new_tokens": config.model.sampling.max_new_tokens,
+        "max_turns": config.env.max_turns,
+        "success_threshold": config.env.success_threshold,
+        "seed": config.seed,
+    }
+
+
+def run(config: TraceConfig) -> None:
+    from actors.rollout_coordinator import RayRolloutBackend, connect_ray, start_pool
+
+    manifest = collection_manifest(config)
+    store = TrajectoryStore(config.run_dir, manifest)
+    make_env = environment_maker(config.env)
+    tasks = benchmark_tasks(make_env(), config.split, config.samples_per_task, config.limit)
+    store.check_compatible()
+    done = store.completed()
+    todo = [task for task in tasks if (task.seed, task.sample_index) not in done]
+    if len(todo) < len(tasks):
+        console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} episodes already in {store.directory}")
+    if todo:
+        connect_ray(config)
+        pool = start_pool(config)
+        prompt = AgentPrompt.for_model(config.model, load_tokenizer(config.model))
+        params = SamplingParams(config.temperature, config.top_p, config.model.sampling.max_new_tokens, seed=config.seed)
+        pending: list[dict] = []
+
+        def on_done(result) -> None:
+            pending.append(episode_row(result, manifest))
+            progress.advance(bar)
+            if len(pending) >= config.rollout.shard_size:
+                store.write_shard(pending)
+                pending.clear()
+
+        with Progress(console=console, transient=True) as progress:
+            bar = progress.add_task(f"collecting {config.env.name}/{config.split} with {config.model.name}", total=len(todo))
+            run_rollouts(todo, RayRolloutBackend(pool), prompt, params, config.batch_size, config.model.max_context_tokens, on_done)
+        if pending:
+            store.write_shard(pending)
+    print_summary(store, config)
+
+
+def print_summary(store: TrajectoryStore, config: TraceConfig) -> None:
+    table = store.read()
+    by_family: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
+    for family, reward, success in zip(*(table.column(name).to_pylist() for name in ("family", "reward", "success"))):
+        by_family[family].append((reward, success))
+    everything = [item for items in by_family.values() for item in items]
+    rows = [
+        (name, len(items), sum(s for _, s in items), f"{sum(s for _, s in items) / len(items):.3f}", f"{sum(r for r, _ in items) / len(items):.3f}")
+        for name, items in [*sorted(by_family.items()), ("overall", everything)]
+        if items
+    ]
+    print_table(
+        f"collected {config.env.name}/{config.split} with {config.model.name} (T={config.temperature}, top_p={config.top_p})",
+        ["family", "episodes", "successes", "success rate", "mean reward"],
+        rows,
+    )
+    console.print(f"trajectories: {store.directory} ({len(table)} episodes)")

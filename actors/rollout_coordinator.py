@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from environments.protocol import Message, ResetResult, StepResult
 from trace_ray.config import TraceConfig
-from trace_ray.engines import Generation, SamplingParams
+from trace_ray.engines import AdapterRef, Generation, SamplingParams
 from trace_ray.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeTask
 
@@ -147,11 +147,22 @@ class RayRolloutBackend:
         for key in keys:
             self.home.pop(key, None)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None]
+    ) -> list[Generation]:
         import ray
+        from ray.exceptions import RayTaskError
 
         workers = self.pool.workers
         size = -(-len(prompts) // len(workers))
-        chunks = [prompts[start : start + size] for start in range(0, len(prompts), size)]
-        references = [worker.generate.remote(chunk, params) for worker, chunk in zip(workers, chunks)]
-        return [generation for chunk in ray.get(references) for generation in chunk]
+        starts = range(0, len(prompts), size)
+        references = [
+            worker.generate.remote(prompts[start : start + size], params, adapters[start : start + size])
+            for worker, start in zip(workers, starts)
+        ]
+        try:
+            return [generation for chunk in ray.get(references) for generation in chunk]
+        except RayTaskError as exc:
+            if isinstance(exc.cause, TraceRayError):  # e.g. an adapter the worker does not hold: one clear line
+                raise TraceRayError(str(exc.cause.args[0])) from None
+            raise

@@ -1,4 +1,4 @@
-"""``RolloutWorker``: a Ray actor hosting one engine (the base model, later its adapters)."""
+"""``RolloutWorker``: a Ray actor hosting one engine: the base model and its LoRA adapters."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import torch
 
 from trace_ray.config import ModelConfig
-from trace_ray.engines import Generation, SamplingParams, make_engine
+from trace_ray.engines import AdapterRef, Generation, SamplingParams, make_engine
 
 
 class RolloutWorker:
@@ -18,8 +18,22 @@ class RolloutWorker:
         self.engine_name = engine
         self.engine = make_engine(model, engine)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        return self.engine.generate(prompts, params)
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None
+    ) -> list[Generation]:
+        return self.engine.generate(prompts, params, adapters)
+
+    def load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> dict[str, int]:
+        """Load ``name`` at ``version``; returns the loaded adapters so the caller can verify the version."""
+        self.engine.load_adapter(name, version, weights, lora_config)
+        return self.engine.adapters()
+
+    def unload_adapter(self, name: str) -> dict[str, int]:
+        self.engine.unload_adapter(name)
+        return self.engine.adapters()
+
+    def adapters(self) -> dict[str, int]:
+        return self.engine.adapters()
 
     def health(self) -> dict:
         import ray
@@ -30,4 +44,5 @@ class RolloutWorker:
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "threads": torch.get_num_threads(),
+            "adapters": self.engine.adapters(),
         }

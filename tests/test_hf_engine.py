@@ -74,8 +74,8 @@ def test_prefix_cache_gives_the_same_tokens_and_logprobs(tiny_model, monkeypatch
     cached_engine = HFEngine(network, tokenizer)
     cached = cached_engine.generate(prompts, params)
     assert len(cached_engine._prefix_caches) == 1
-    (prefix,) = cached_engine._prefix_caches
-    assert len(prefix) >= 100 and all(list(prefix) == p[: len(prefix)] for p in prompts)
+    ((adapter, prefix),) = cached_engine._prefix_caches
+    assert adapter is None and len(prefix) >= 100 and all(list(prefix) == p[: len(prefix)] for p in prompts)
     again = cached_engine.generate(prompts, params)  # reuses the stored prefix
     assert len(cached_engine._prefix_caches) == 1
     monkeypatch.setattr("trace_ray.engines.hf.MIN_CACHED_PREFIX", 10**9)

@@ -28,7 +28,7 @@ class ScriptedEngine:
         self.reply_for = reply_for
         self.batches = []
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, adapters=None):
         self.batches.append(len(prompts))
         outputs = []
         for prompt in prompts:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 
 from environments.protocol import Environment, Message, ResetResult, StepResult, ToolSchema
 from trace_ray.agent_prompt import AgentPrompt
-from trace_ray.engines import Engine, Generation, SamplingParams
+from trace_ray.engines import AdapterRef, Engine, Generation, SamplingParams
 from trace_ray.trajectory import TokenRecord
 
 
@@ -31,6 +31,7 @@ class EpisodeTask:
     key: str  # unique per episode, e.g. "device-64#1"
     seed: int
     sample_index: int = 0
+    adapter: AdapterRef | None = None  # (name, version) of the LoRA adapter to act with; None: base model
 
 
 @dataclass
@@ -40,6 +41,7 @@ class EpisodeResult:
     family: str
     seed: int
     sample_index: int
+    adapter: AdapterRef | None
     reward: float
     success: bool
     turns: int
@@ -58,7 +60,9 @@ class RolloutBackend(Protocol):
 
     def step(self, steps: list[tuple[str, Message]]) -> list[StepResult | None]: ...
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None]
+    ) -> list[Generation]: ...
 
     def release(self, keys: list[str]) -> None: ...
 
@@ -99,8 +103,10 @@ class LocalBackend(EnvironmentPool):
         super().__init__(make_env)
         self.engine = engine
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        return self.engine.generate(prompts, params)
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None]
+    ) -> list[Generation]:
+        return self.engine.generate(prompts, params, adapters)
 
 
 @dataclass
@@ -120,6 +126,7 @@ class _LiveEpisode:
             family=str(self.reset_info.get("family", "all")),
             seed=self.task.seed,
             sample_index=self.task.sample_index,
+            adapter=self.task.adapter,
             reward=reward,
             success=bool(info.get("success", False)),
             turns=self.turns,
@@ -175,7 +182,9 @@ def run_rollouts(
         seed = None if params.seed is None else params.seed + generate_calls
         generate_calls += 1
         batch_params = SamplingParams(params.temperature, params.top_p, params.max_new_tokens, seed)
-        generations = backend.generate([episode.record.token_ids for episode in ready], batch_params)
+        generations = backend.generate(
+            [episode.record.token_ids for episode in ready], batch_params, [episode.task.adapter for episode in ready]
+        )
         replies = [prompt.parse(generation.token_ids, turn=episode.turns) for episode, generation in zip(ready, generations)]
         steps = backend.step([(episode.task.key, reply) for episode, reply in zip(ready, replies)])
         for episode, generation, reply, step in zip(ready, generations, replies, steps):

@@ -82,7 +82,7 @@ MANIFEST = "_manifest.json"
 
 
 def episode_row(result: EpisodeResult, run: dict[str, Any]) -> dict[str, Any]:
-    """One Parquet row; ``run`` (the manifest) holds the collection's env, split, model and adapter."""
+    """One Parquet row; ``run`` (the manifest) holds the collection's env, split and model."""
     tool_calls = [
         json.dumps(call["function"], ensure_ascii=False)
         for message in result.messages
@@ -97,8 +97,8 @@ def episode_row(result: EpisodeResult, run: dict[str, Any]) -> dict[str, Any]:
         "sample_index": result.sample_index,
         "env": run["env"],
         "model": run["model"],
-        "adapter_name": run.get("adapter_name"),
-        "adapter_version": run.get("adapter_version"),
+        "adapter_name": result.adapter[0] if result.adapter else None,
+        "adapter_version": result.adapter[1] if result.adapter else None,
         "messages": json.dumps(result.messages, ensure_ascii=False),
         "tools": json.dumps(result.tools, ensure_ascii=False),
         "tool_calls": tool_calls,

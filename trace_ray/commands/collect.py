@@ -24,8 +24,6 @@ def collection_manifest(config: TraceConfig) -> dict:
         "env": config.env.name,
         "split": config.split,
         "model": config.model.name,
-        "adapter_name": None,
-        "adapter_version": None,
         "samples_per_task": config.samples_per_task,
         "temperature": config.temperature,
         "top_p": config.top_p,

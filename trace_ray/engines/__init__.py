@@ -1,8 +1,8 @@
 """Generation engines behind one interface: token ids in, sampled token ids and log-probs out."""
 
-from trace_ray.engines.base import Engine, Generation, SamplingParams
+from trace_ray.engines.base import AdapterRef, Engine, Generation, SamplingParams
 
-__all__ = ["Engine", "Generation", "SamplingParams", "make_engine"]
+__all__ = ["AdapterRef", "Engine", "Generation", "SamplingParams", "make_engine"]
 
 
 def make_engine(model, engine: str = "hf") -> Engine:

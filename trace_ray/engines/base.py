@@ -14,6 +14,9 @@ class SamplingParams:
     seed: int | None = None
 
 
+AdapterRef = tuple[str, int]  # (adapter name, version)
+
+
 @dataclass
 class Generation:
     token_ids: list[int]  # sampled tokens, ending with the stop token when finish_reason == "stop"
@@ -22,5 +25,16 @@ class Generation:
 
 
 class Engine(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    """Holds the base model plus any number of LoRA adapters known by (name, version)."""
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None
+    ) -> list[Generation]:
+        """One generation per prompt, prompt i with ``adapters[i]`` (None: the base model)."""
         ...
+
+    def load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None: ...
+
+    def unload_adapter(self, name: str) -> None: ...
+
+    def adapters(self) -> dict[str, int]: ...

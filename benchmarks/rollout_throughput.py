@@ -1,0 +1,79 @@
+"""Rollout throughput: the Ray path against a plain sequential loop and the raw batched engine.
+
+On the same tasks, model and token budget (greedy decoding, so every path
+generates the same episodes), measures generated tokens/s and episodes/s of:
+  (a) the Ray path of `trace-ray collect`: rollout worker + environment actor, batched;
+  (b) a plain sequential loop: one episode at a time, HF generate in this process;
+  (c) the vLLM engine, when installed (not yet implemented: reported as absent);
+  (d) the raw engine in this process generating the same batches as (a), no Ray.
+Prints a/b (target >= 3 on 2 cores) and the orchestration overhead of a over d
+(target < 15%).
+
+    python benchmarks/rollout_throughput.py [model=smollm2_135m] [tasks=8] [max_new_tokens=64] [batch_size=8]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+
+from trace_ray.agent_prompt import AgentPrompt
+from trace_ray.cli import compose_config
+from trace_ray.console import print_table
+from trace_ray.engines import SamplingParams, make_engine
+from trace_ray.environment_setup import environment_maker
+from trace_ray.rollout_loop import LocalBackend, benchmark_tasks, run_rollouts
+
+
+def measure(name, tasks, backend, prompt, params, batch_size, max_context):
+    started = time.perf_counter()
+    results = run_rollouts(tasks, backend, prompt, params, batch_size, max_context)
+    seconds = time.perf_counter() - started
+    tokens = sum(result.record.action_tokens for result in results)
+    print(f"{name}: {len(results)} episodes, {tokens} tokens in {seconds:.1f} s", flush=True)
+    return {"name": name, "seconds": seconds, "tokens": tokens, "episodes": len(results), "rewards": [r.reward for r in results]}
+
+
+def main() -> None:
+    options = dict(argument.split("=", 1) for argument in sys.argv[1:])
+    count = int(options.pop("tasks", 8))
+    max_new_tokens = int(options.pop("max_new_tokens", 64))
+    batch_size = int(options.pop("batch_size", 8))
+    config = compose_config("collect", [f"{key}={value}" for key, value in options.items()])
+    make_env = environment_maker(config.env)
+    tasks = benchmark_tasks(make_env(), "analysis", limit=count)
+    params = SamplingParams(0.0, 1.0, max_new_tokens)
+    engine = make_engine(config.model)
+    prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
+    max_context = config.model.max_context_tokens
+
+    rows = []
+    sequential = measure("(b) sequential, one episode at a time", tasks, LocalBackend(make_env, engine), prompt, params, 1, max_context)
+    raw = measure("(d) raw engine, same batches, no Ray", tasks, LocalBackend(make_env, engine), prompt, params, batch_size, max_context)
+    del engine
+
+    from actors.rollout_coordinator import RayRolloutBackend, connect_ray, start_pool
+
+    connect_ray(config)
+    pool = start_pool(config)
+    ray_path = measure("(a) Ray path (collect)", tasks, RayRolloutBackend(pool), prompt, params, batch_size, max_context)
+    for run in (ray_path, sequential, raw):
+        rows.append((run["name"], run["episodes"], run["tokens"], f"{run['seconds']:.1f}",
+                     f"{run['tokens'] / run['seconds']:.1f}", f"{run['episodes'] / run['seconds']:.3f}"))
+    vllm = "installed, engine not wired yet" if importlib.util.find_spec("vllm") else "not installed"
+    rows.append((f"(c) vLLM engine: {vllm}", "-", "-", "-", "-", "-"))
+    print_table(
+        f"rollout throughput: {count} device tasks, {config.model.name}, greedy, max_new_tokens={max_new_tokens}",
+        ["path", "episodes", "tokens", "seconds", "tokens/s", "episodes/s"],
+        rows,
+    )
+    speedup = (ray_path["tokens"] / ray_path["seconds"]) / (sequential["tokens"] / sequential["seconds"])
+    overhead = ray_path["seconds"] / raw["seconds"] - 1
+    print(f"a/b tokens/s ratio: {speedup:.2f}x (target >= 3)")
+    print(f"Ray orchestration overhead, a vs d: {overhead * 100:+.1f}% (target < 15%)")
+    print(f"same rewards on every path: {ray_path['rewards'] == sequential['rewards'] == raw['rewards']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -29,6 +29,8 @@ def test_collect_writes_a_parquet_dataset_with_the_documented_schema(ray_session
     assert "overall" in capsys.readouterr().out
     store = TrajectoryStore(tmp_path, {})
     assert len(store.shards()) == 2  # 6 episodes in shards of at most 4
+    assert all(shard.stat().st_mode & 0o777 == 0o644 for shard in store.shards())
+    assert not list(store.directory.glob("*.tmp"))
     table = pq.read_table(store.directory)
     assert table.schema.equals(SCHEMA) and len(table) == 6
     rows = table.to_pylist()

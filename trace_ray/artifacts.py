@@ -9,11 +9,19 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json(path: Path, value: Any) -> None:
+def atomic_scratch(path: Path) -> str:
+    """A readable temporary file beside ``path``, to be renamed onto it once complete."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    handle, scratch = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    os.chmod(scratch, 0o644)  # mkstemp makes files private; artifacts are shared like any other output
+    return scratch
+
+
+def write_json(path: Path, value: Any) -> None:
+    scratch = atomic_scratch(path)
     try:
-        with os.fdopen(handle, "w") as stream:
+        with open(scratch, "w") as stream:
             json.dump(value, stream, indent=2, sort_keys=True, default=str)
             stream.write("\n")
         os.replace(scratch, path)

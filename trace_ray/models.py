@@ -97,6 +97,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     model.load_state_dict(quantized.state_dict())
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    scratch.chmod(0o755)  # mkdtemp makes folders private; the cache is shared
     try:
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)

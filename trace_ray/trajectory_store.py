@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trace_ray.artifacts import write_json
+from trace_ray.artifacts import atomic_scratch, write_json
 from trace_ray.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeResult
 
@@ -159,8 +158,7 @@ class TrajectoryStore:
             write_json(self.directory / MANIFEST, self.run)
         table = pa.Table.from_pylist(rows, schema=SCHEMA)
         target = self.directory / f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-        handle, scratch = tempfile.mkstemp(prefix=".part-", suffix=".tmp", dir=self.directory)
-        os.close(handle)
+        scratch = atomic_scratch(target)
         try:
             pq.write_table(table, scratch)
             os.replace(scratch, target)

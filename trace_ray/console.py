@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
-error_console = Console(stderr=True)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

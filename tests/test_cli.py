@@ -90,7 +90,7 @@ def test_score_with_tiny_model_writes_report_and_table(tmp_path, capsys):
     report = json.loads((tmp_path / "score" / "device-tiny_random-analysis.json").read_text())
     assert [episode["seed"] for episode in report["episodes"]] == list(range(7))
     overall = report["metrics"][-1]
-    assert overall["group"] == "overall" and overall["tasks"] == 7
+    assert overall["group"] == "overall" and overall["episodes"] == 7
     assert overall["mean_similarity"] == pytest.approx(sum(e["reward"] for e in report["episodes"]) / 7)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import collections
-
 from rich.progress import Progress
 
 from trace_ray.agent_prompt import AgentPrompt
@@ -11,6 +9,7 @@ from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker
+from trace_ray.metrics import summarize
 from trace_ray.models import load_tokenizer
 from trace_ray.rollout_loop import benchmark_tasks, run_rollouts
 from trace_ray.trajectory_store import TrajectoryStore, episode_row
@@ -70,18 +69,10 @@ def run(config: TraceConfig) -> None:
 
 def print_summary(store: TrajectoryStore, config: TraceConfig) -> None:
     table = store.read()
-    by_family: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
-    for family, reward, success in zip(*(table.column(name).to_pylist() for name in ("family", "reward", "success"))):
-        by_family[family].append((reward, success))
-    everything = [item for items in by_family.values() for item in items]
-    rows = [
-        (name, len(items), sum(s for _, s in items), f"{sum(s for _, s in items) / len(items):.3f}", f"{sum(r for r, _ in items) / len(items):.3f}")
-        for name, items in [*sorted(by_family.items()), ("overall", everything)]
-        if items
-    ]
+    rows = summarize(list(zip(*(table.column(name).to_pylist() for name in ("family", "reward", "success")))))
     print_table(
         f"collected {config.env.name}/{config.split} with {config.model.name} (T={config.temperature}, top_p={config.top_p})",
-        ["family", "episodes", "successes", "success rate", "mean reward"],
-        rows,
+        ["family", "episodes", "perfect", "successes", "success rate", "mean reward"],
+        [(r.group, r.episodes, r.perfect, r.successes, f"{r.success_rate:.3f}", f"{r.mean_similarity:.3f}") for r in rows],
     )
     console.print(f"trajectories: {store.directory} ({len(table)} episodes)")

@@ -36,11 +36,11 @@ def run(config: TraceConfig) -> None:
             config.model.max_context_tokens,
             on_done=lambda _: progress.advance(bar),
         )
-    rows = summarize(results)
+    rows = summarize([(result.family, result.reward, result.success) for result in results])
     print_table(
         f"{config.model.name} on env={config.env.name} split={config.split} (greedy)",
         ["family", "tasks", "perfect", "success", "mean similarity"],
-        [(row.group, row.tasks, row.perfect, row.successes, f"{row.mean_similarity:.3f}") for row in rows],
+        [(row.group, row.episodes, row.perfect, row.successes, f"{row.mean_similarity:.3f}") for row in rows],
     )
     report = Path(config.run_dir) / "score" / f"{config.env.name}-{config.model.name}-{config.split}.json"
     episodes = [

@@ -52,6 +52,7 @@ CONVERT = (
 )
 
 
+@pytest.mark.slow
 def test_conversion_is_atomic_when_processes_race(tmp_path):
     workers = [
         subprocess.Popen([sys.executable, "-c", CONVERT, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

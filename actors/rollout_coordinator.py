@@ -118,9 +118,10 @@ class RayRolloutBackend:
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         answers: list = [None] * len(items)
+        groups = self._by_actor(keys)
         calls = {
             index: getattr(self.pool.env_actors[index], method).remote([items[p] for p in positions])
-            for index, positions in self._by_actor(keys).items()
+            for index, positions in groups.items()
         }
         for index, reference in calls.items():
             try:
@@ -128,7 +129,7 @@ class RayRolloutBackend:
             except (RayActorError, ActorUnavailableError):
                 wait_until_alive(self.pool.env_actors[index])  # Ray restarts it empty: its episodes are rerun
                 continue
-            for position, result in zip(self._by_actor(keys)[index], results):
+            for position, result in zip(groups[index], results):
                 answers[position] = result
         return answers
 

@@ -79,3 +79,20 @@ def test_native_rendering_hands_tools_to_a_tool_aware_template(tiny_model):
     assert text.startswith("TOOL set_wifi_status\nTOOL search_contacts\n<system>You run a phone.")
     assert 'CALL get_wifi_status {}' in text  # arguments handed over as an object, not a JSON string
     assert text.endswith("<user>Turn wifi on.<assistant>")
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(tiny_model):
+    import pytest
+
+    from trace_ray.errors import TraceRayError
+
+    _, tokenizer = tiny_model
+    original = tokenizer.chat_template
+    tokenizer.chat_template = "TURNS {{ messages|length }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    try:
+        prompt = AgentPrompt(tokenizer, show_example=False)
+        messages = MESSAGES + [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Thanks"}]
+        with pytest.raises(TraceRayError, match="not append-only.*use model.prompt.tool_format=text"):
+            prompt.continuation_ids(messages, 1, TOOLS, [], tokenizer.encode("Sure."))
+    finally:
+        tokenizer.chat_template = original

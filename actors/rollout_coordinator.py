@@ -2,8 +2,9 @@
 
 :class:`RayRolloutBackend` implements the rollout loop's backend over actor
 handles. Each episode is pinned to one environment actor (round robin at
-reset); each turn's prompts are split into one contiguous chunk per rollout
-worker and generated in parallel.
+reset); each generation goes, as its own call, to the rollout worker with
+the fewest generations in flight. Workers are threaded actors, so
+concurrent calls meet in the worker's engine and are batched there.
 
 Failures: rollout workers are stateless between calls, so Ray restarts a dead
 one and retries its call (``max_task_retries``). Environment actors hold
@@ -15,16 +16,19 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from environments.protocol import Message, ResetResult, StepResult
 from trace_ray.config import TraceConfig
-from trace_ray.engines import AdapterRef, Generation, SamplingParams
+from trace_ray.engines import AdapterRef, SamplingParams
 from trace_ray.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeTask
 
 WORKER_CALL_RETRIES = 3
+WORKER_CONCURRENCY = 256  # generation calls a worker holds at once (its engine batches them)
 
 
 def connect_ray(config: TraceConfig) -> None:
@@ -82,7 +86,7 @@ def start_pool(config: TraceConfig) -> RolloutPool:
 
     rollout = config.rollout
     threads = rollout.worker_threads or max(1, (os.cpu_count() or 1) // rollout.num_workers)
-    worker_class = ray.remote(max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES)(RolloutWorker)
+    worker_class = ray.remote(max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES, max_concurrency=WORKER_CONCURRENCY)(RolloutWorker)
     env_class = ray.remote(max_restarts=-1, max_task_retries=0)(EnvironmentActor)
     workers = [
         worker_class.options(num_cpus=rollout.worker_cpus, num_gpus=rollout.worker_gpus).remote(
@@ -100,6 +104,8 @@ class RayRolloutBackend:
         self.pool = pool
         self.home: dict[str, int] = {}  # episode key -> index of its environment actor
         self._next_actor = 0
+        self.in_flight = [0] * len(pool.workers)  # generations running on each rollout worker
+        self._lock = threading.Lock()
 
     def example_exchange(self) -> list[Message]:
         import ray
@@ -148,22 +154,27 @@ class RayRolloutBackend:
         for key in keys:
             self.home.pop(key, None)
 
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None]
-    ) -> list[Generation]:
-        import ray
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> Future:
+        """Send one generation to the least busy rollout worker; its engine batches it with the others."""
         from ray.exceptions import RayTaskError
 
-        workers = self.pool.workers
-        size = -(-len(prompts) // len(workers))
-        starts = range(0, len(prompts), size)
-        references = [
-            worker.generate.remote(prompts[start : start + size], params, adapters[start : start + size])
-            for worker, start in zip(workers, starts)
-        ]
-        try:
-            return [generation for chunk in ray.get(references) for generation in chunk]
-        except RayTaskError as exc:
-            if isinstance(exc.cause, TraceRayError):  # e.g. an adapter the worker does not hold: one clear line
-                raise TraceRayError(str(exc.cause.args[0])) from None
-            raise
+        with self._lock:
+            index = min(range(len(self.pool.workers)), key=self.in_flight.__getitem__)
+            self.in_flight[index] += 1
+        result: Future = Future()
+
+        def settle(reference_future: Future) -> None:  # runs on a Ray thread
+            with self._lock:
+                self.in_flight[index] -= 1
+            try:
+                result.set_result(reference_future.result()[0])
+            except RayTaskError as exc:
+                if isinstance(exc.cause, TraceRayError):  # e.g. an adapter the worker does not hold: one clear line
+                    result.set_exception(TraceRayError(str(exc.cause.args[0])))
+                else:
+                    result.set_exception(exc)
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        self.pool.workers[index].generate.remote([prompt], params, [adapter]).future().add_done_callback(settle)
+        return result

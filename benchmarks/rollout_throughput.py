@@ -3,13 +3,17 @@
 On the same tasks, model and token budget (greedy decoding, so every path
 generates the same episodes), measures generated tokens/s and episodes/s of:
   (a) the Ray path of `trace-ray collect`: rollout worker + environment actor, batched;
-  (b) a plain sequential loop: one episode at a time, HF generate in this process;
+  (b) a plain sequential loop: one episode at a time, transformers' ``generate`` in this process;
   (c) the vLLM engine, when installed (not yet implemented: reported as absent);
   (d) the raw engine in this process generating the same batches as (a), no Ray.
 Prints a/b (target >= 3 on 2 cores) and the orchestration overhead of a over d
 (target < 15%).
 
-    python benchmarks/rollout_throughput.py [model=smollm2_135m] [tasks=8] [max_new_tokens=64] [batch_size=8]
+    python benchmarks/rollout_throughput.py [model=smollm2_135m] [tasks=16] [max_new_tokens=64] [batch_size=8]
+
+Use at least twice as many tasks as the batch size: with tasks == batch_size
+no slot is ever refilled and the batch only drains, which is not what a
+collection does.
 """
 
 from __future__ import annotations
@@ -18,12 +22,35 @@ import importlib.util
 import sys
 import time
 
+from concurrent.futures import Future
+
+import torch
+
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.cli import compose_config
 from trace_ray.console import print_table
-from trace_ray.engines import SamplingParams, make_engine
+from trace_ray.engines import Generation, SamplingParams, make_engine
 from trace_ray.environment_setup import environment_maker
 from trace_ray.rollout_loop import LocalBackend, benchmark_tasks, run_rollouts
+
+
+class PlainGenerate:
+    """The baseline: transformers' own ``generate``, one prompt at a time, no batching, no prefix cache."""
+
+    def __init__(self, engine):
+        self.model, self.stop_token_ids = engine.base_model, sorted(engine.stop_token_ids)
+
+    @torch.no_grad()
+    def submit(self, prompt, params, adapter=None):
+        output = self.model.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_token_ids,
+            return_dict_in_generate=True, output_logits=True,
+        )
+        tokens = output.sequences[0, len(prompt):].tolist()
+        logprobs = [float(torch.log_softmax(logits[0], -1)[token]) for logits, token in zip(output.logits, tokens)]
+        future = Future()
+        future.set_result(Generation(tokens, logprobs, "stop" if tokens[-1] in self.stop_token_ids else "length"))
+        return future
 
 
 def measure(name, tasks, backend, prompt, params, batch_size, max_context):
@@ -37,7 +64,7 @@ def measure(name, tasks, backend, prompt, params, batch_size, max_context):
 
 def main() -> None:
     options = dict(argument.split("=", 1) for argument in sys.argv[1:])
-    count = int(options.pop("tasks", 8))
+    count = int(options.pop("tasks", 16))
     max_new_tokens = int(options.pop("max_new_tokens", 64))
     batch_size = int(options.pop("batch_size", 8))
     config = compose_config("collect", [f"{key}={value}" for key, value in options.items()])
@@ -49,7 +76,7 @@ def main() -> None:
     max_context = config.model.max_context_tokens
 
     rows = []
-    sequential = measure("(b) sequential, one episode at a time", tasks, LocalBackend(make_env, engine), prompt, params, 1, max_context)
+    sequential = measure("(b) sequential, one episode at a time", tasks, LocalBackend(make_env, PlainGenerate(engine)), prompt, params, 1, max_context)
     raw = measure("(d) raw engine, same batches, no Ray", tasks, LocalBackend(make_env, engine), prompt, params, batch_size, max_context)
     del engine
 

@@ -85,7 +85,7 @@ def test_rollout_worker_actor_loads_and_verifies_adapters(ray_session):
     assert ray.get(worker.health.remote())["adapters"] == {"cap": 7}
     backend = RayRolloutBackend(RolloutPool([worker], []))
     prompt = prompts_for(load_model(model_config("tiny_random"))[1], ["hi"])
-    assert len(backend.generate(prompt, GREEDY, [("cap", 7)])[0].token_ids) > 0
+    assert len(backend.submit(prompt[0], GREEDY, ("cap", 7)).result().token_ids) > 0
     with pytest.raises(TraceRayError, match="^adapter 'missing' version 1 is not loaded \\(loaded: cap v7\\); load it first$"):
-        backend.generate(prompt, GREEDY, [("missing", 1)])
+        backend.submit(prompt[0], GREEDY, ("missing", 1)).result()
     assert ray.get(worker.unload_adapter.remote("cap")) == {}

@@ -31,6 +31,7 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
         (["model.sampling.temperature=-1"], "model.sampling.temperature must be >= 0"),
         (["model.dtype=int8"], "model.dtype='int8' is not one of"),
         (["env.max_turns=0"], "env.max_turns must be >= 1"),
+        (["rollout.max_episode_tokens=0"], "rollout.max_episode_tokens must be >= 1 or null"),
         (["env.success_threshold=0"], "env.success_threshold must be in (0, 1]"),
         (["model=local"], "model.source=path needs model.path="),
         (["split=eval,analysis"], "add -m to sweep"),

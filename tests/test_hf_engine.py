@@ -84,3 +84,24 @@ def test_prefix_cache_gives_the_same_tokens_and_logprobs(tiny_model, monkeypatch
         assert with_cache.token_ids == without.token_ids
         assert torch.allclose(torch.tensor(with_cache.logprobs), torch.tensor(without.logprobs), atol=1e-4)
     assert [g.token_ids for g in again] == [g.token_ids for g in plain]
+
+
+def test_grouped_cpu_attention_matches_transformers_sdpa_with_padding():
+    from tests.conftest import model_config
+    from trace_ray.engines.cpu_attention import use_grouped_attention
+    from trace_ray.models import load_model
+
+    network, _ = load_model(model_config("tiny_random"))
+    assert network.config.num_key_value_heads < network.config.num_attention_heads  # grouped heads to get right
+    ids = torch.randint(0, 1000, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # left padding
+    mask[1, 3:6] = 0  # padding in the middle, as between a cached prefix and a suffix
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        reference = network(ids, attention_mask=mask, position_ids=positions).logits
+        use_grouped_attention(network)
+        assert network.config._attn_implementation == "sdpa_grouped"
+        grouped = network(ids, attention_mask=mask, position_ids=positions).logits
+    real = mask.bool()
+    assert torch.allclose(grouped[real], reference[real], atol=1e-5)

@@ -1,6 +1,7 @@
 """The batched rollout loop, driven by a scripted engine so every step is deterministic."""
 
 import json
+from concurrent.futures import Future
 
 import torch
 
@@ -21,20 +22,19 @@ def run_episodes(seeds, engine, tokenizer, params=GREEDY, batch_size=1, max_cont
 
 
 class ScriptedEngine:
-    """Replies with a fixed text per call, chosen by what the prompt contains."""
+    """Replies at once with a fixed text per request, chosen by what the prompt contains."""
 
     def __init__(self, tokenizer, reply_for):
         self.tokenizer = tokenizer
         self.reply_for = reply_for
-        self.batches = []
+        self.requests = []  # the sampling settings of each request
 
-    def generate(self, prompts, params, adapters=None):
-        self.batches.append(len(prompts))
-        outputs = []
-        for prompt in prompts:
-            ids = self.tokenizer.encode(self.reply_for(self.tokenizer.decode(prompt))) + [self.tokenizer.eos_token_id]
-            outputs.append(Generation(ids, [-0.5] * len(ids), "stop"))
-        return outputs
+    def submit(self, prompt, params, adapter=None):
+        self.requests.append(params)
+        ids = self.tokenizer.encode(self.reply_for(self.tokenizer.decode(prompt))) + [self.tokenizer.eos_token_id]
+        future = Future()
+        future.set_result(Generation(ids[: params.max_new_tokens], [-0.5] * len(ids[: params.max_new_tokens]), "stop"))
+        return future
 
 
 def oracle_text(seed):
@@ -65,6 +65,21 @@ def test_oracle_replies_through_the_whole_stack_score_one(tiny_model):
     assert results[0].turns >= 3  # hit the permission error, fix the blocker, retry, reply
 
 
+class LiveCountingBackend(LocalBackend):
+    """Records how many episodes are live right after each reset."""
+
+    def __init__(self, engine):
+        super().__init__(DeviceEnvironment, engine)
+        self.live_after_reset = []
+        self.reset_sizes = []
+
+    def reset(self, tasks):
+        results = super().reset(tasks)
+        self.reset_sizes.append(len(tasks))
+        self.live_after_reset.append(len(self.envs))
+        return results
+
+
 def test_batches_stay_full_and_results_keep_seed_order(tiny_model):
     _, tokenizer = tiny_model
     def reply(prompt_text):
@@ -74,12 +89,17 @@ def test_batches_stay_full_and_results_keep_seed_order(tiny_model):
             return render_tool_call("get_wifi_status", {})
         return "All done."
     engine = ScriptedEngine(tokenizer, reply)
+    backend = LiveCountingBackend(engine)
     seeds = list(range(10))
     finished = []
-    results = run_episodes(seeds, engine, tokenizer, batch_size=4, on_done=finished.append)
+    tasks = [EpisodeTask(f"device-{seed}", seed) for seed in seeds]
+    results = run_rollouts(tasks, backend, AgentPrompt(tokenizer), GREEDY, 4, 8192, finished.append)
     assert [result.seed for result in results] == seeds
     assert sorted(result.seed for result in finished) == seeds
-    assert engine.batches[0] == 4 and max(engine.batches) == 4 and sum(engine.batches) == sum(r.turns for r in results)
+    # 4 live from the start; finished episodes' slots are refilled at once, until the queue runs dry
+    assert backend.live_after_reset[0] == 4 and set(backend.live_after_reset[:-1]) == {4}
+    assert sum(backend.reset_sizes) == 10 and len(backend.reset_sizes) > 2
+    assert len(engine.requests) == sum(r.turns for r in results) > 10  # the wifi tasks took two turns
     assert all(0.0 <= result.reward < 1.0 for result in results)
     rows = summarize([(r.family, r.reward, r.success) for r in results])
     assert rows[-1].group == "overall" and rows[-1].episodes == 10
@@ -90,7 +110,32 @@ def test_prompt_over_the_context_limit_ends_the_episode(tiny_model):
     _, tokenizer = tiny_model
     engine = ScriptedEngine(tokenizer, lambda _: "never called")
     [result] = run_episodes([0], engine, tokenizer, batch_size=2, max_context_tokens=100)
-    assert result.termination == "context_limit" and result.reward == 0.0 and engine.batches == []
+    assert result.termination == "context_limit" and result.reward == 0.0 and engine.requests == []
+
+
+def test_episode_token_budget_ends_the_episode_and_cuts_its_last_turn(tiny_model):
+    _, tokenizer = tiny_model
+    engine = ScriptedEngine(tokenizer, lambda _: render_tool_call("get_wifi_status", {}))  # never replies to the user
+    tasks = [EpisodeTask("device-0", 0)]
+    [result] = run_rollouts(tasks, LocalBackend(DeviceEnvironment, engine), AgentPrompt(tokenizer), GREEDY, 1, 8192, max_episode_tokens=50)
+    call_tokens = len(tokenizer.encode(render_tool_call("get_wifi_status", {}))) + 1  # with its end-of-turn token
+    assert result.termination == "token_limit" and result.reward == 0.0 and not result.success
+    assert result.record.action_tokens == 50 and result.turns == -(-50 // call_tokens)
+    assert [p.max_new_tokens for p in engine.requests][-1] == 50 - (result.turns - 1) * call_tokens
+
+
+def test_sampling_seeds_depend_on_episode_and_turn_not_on_scheduling(tiny_model):
+    _, tokenizer = tiny_model
+    seeded = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=64, seed=7)
+    def reply(prompt_text):
+        return render_tool_call("get_wifi_status", {}) if "get_wifi_status" not in prompt_text.rsplit("<|im_start|>user\n", 1)[-1] else "Done."
+    seeds_by_batch = {}
+    for batch_size in (1, 3):
+        engine = ScriptedEngine(tokenizer, reply)
+        run_episodes([0, 1, 2], engine, tokenizer, seeded, batch_size=batch_size)
+        seeds_by_batch[batch_size] = sorted(p.seed for p in engine.requests)
+    assert seeds_by_batch[1] == seeds_by_batch[3]
+    assert len(set(seeds_by_batch[1])) == len(seeds_by_batch[1]) == 6  # 3 episodes x 2 turns, all different
 
 
 def test_malformed_model_output_is_an_error_observation(tiny_model):

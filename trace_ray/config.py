@@ -90,6 +90,7 @@ class RolloutConfig:
     num_env_actors: int = MISSING
     env_actor_cpus: float = MISSING
     shard_size: int = MISSING
+    max_episode_tokens: Optional[int] = None
 
 
 @dataclass
@@ -144,6 +145,10 @@ def validate(config: TraceConfig) -> TraceConfig:
     _require(rollout.num_workers >= 1 and rollout.num_env_actors >= 1, "rollout.num_workers and rollout.num_env_actors must be >= 1")
     _require(min(rollout.worker_cpus, rollout.worker_gpus, rollout.env_actor_cpus) >= 0, "rollout CPU/GPU amounts must be >= 0")
     _require(rollout.shard_size >= 1, f"rollout.shard_size must be >= 1, got {rollout.shard_size}")
+    _require(
+        rollout.max_episode_tokens is None or rollout.max_episode_tokens >= 1,
+        f"rollout.max_episode_tokens must be >= 1 or null, got {rollout.max_episode_tokens}",
+    )
     return config
 
 

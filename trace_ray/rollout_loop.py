@@ -1,10 +1,14 @@
 """The multi-turn rollout loop: many episodes at once, batched, token-in/token-out.
 
-Every turn, the prompts of all live episodes are generated in one batch; a
-finished episode's slot is refilled with the next task, so the batch stays
-full. Each episode keeps its :class:`TokenRecord`: the next prompt is the
+Up to ``batch_size`` episodes are live at once, each on its own: when an
+episode's reply is ready, the environment steps it (together with every
+other reply ready at that moment) and its next prompt goes straight back to
+the engine, which batches it with whatever else is generating (continuous
+batching); a finished episode's slot is refilled with the next task at
+once. Each episode keeps its :class:`TokenRecord`: the next prompt is the
 record itself (the sampled tokens verbatim plus the template's rendering of
-the environment's reply).
+the environment's reply). Sampling seeds are per episode and turn, so a
+seeded run makes the same random draws however episodes were scheduled.
 
 Where environments live and where tokens are generated is the backend's
 business: :class:`LocalBackend` runs both in this process (scoring, tests);
@@ -17,12 +21,15 @@ no episode is lost or duplicated.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+import zlib
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
 from environments.protocol import Environment, Message, ResetResult, StepResult, ToolSchema
 from trace_ray.agent_prompt import AgentPrompt
-from trace_ray.engines import AdapterRef, Engine, Generation, SamplingParams
+from trace_ray.engines import AdapterRef, Engine, SamplingParams
 from trace_ray.trajectory import TokenRecord
 
 
@@ -60,9 +67,9 @@ class RolloutBackend(Protocol):
 
     def step(self, steps: list[tuple[str, Message]]) -> list[StepResult | None]: ...
 
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None]
-    ) -> list[Generation]: ...
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> Future:
+        """Start one generation; the future resolves to its :class:`Generation`."""
+        ...
 
     def release(self, keys: list[str]) -> None: ...
 
@@ -103,10 +110,8 @@ class LocalBackend(EnvironmentPool):
         super().__init__(make_env)
         self.engine = engine
 
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None]
-    ) -> list[Generation]:
-        return self.engine.generate(prompts, params, adapters)
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> Future:
+        return self.engine.submit(prompt, params, adapter)
 
 
 @dataclass
@@ -139,6 +144,11 @@ class _LiveEpisode:
         )
 
 
+def episode_seed(seed: int | None, key: str, turn: int) -> int | None:
+    """The sampling seed of one episode's turn: fixed by the run's seed, the episode and the turn, not by scheduling."""
+    return None if seed is None else (seed * 1_000_003 + zlib.crc32(f"{key}:{turn}".encode())) % 2**63
+
+
 def run_rollouts(
     tasks: list[EpisodeTask],
     backend: RolloutBackend,
@@ -147,13 +157,19 @@ def run_rollouts(
     batch_size: int,
     max_context_tokens: int,
     on_done: Callable[[EpisodeResult], None] | None = None,
+    max_episode_tokens: int | None = None,
 ) -> list[EpisodeResult]:
-    """Results in the order of ``tasks``."""
+    """Run every task to the end, ``batch_size`` episodes at a time; results in the order of ``tasks``.
+
+    Limits: a turn whose prompt plus ``params.max_new_tokens`` would pass
+    ``max_context_tokens`` ends the episode (``context_limit``); an episode
+    that has generated ``max_episode_tokens`` ends (``token_limit``), its
+    last turn cut to the tokens left.
+    """
     example = backend.example_exchange()
-    queue = list(tasks)
-    live: list[_LiveEpisode] = []
+    queue = deque(tasks)
+    generating: dict[Future, _LiveEpisode] = {}
     results: dict[str, EpisodeResult] = {}
-    generate_calls = 0
 
     def finish(episode: _LiveEpisode, result: EpisodeResult) -> None:
         results[episode.task.key] = result
@@ -161,33 +177,34 @@ def run_rollouts(
         if on_done:
             on_done(result)
 
-    while queue or live:
-        starting, queue = queue[: batch_size - len(live)], queue[batch_size - len(live):]
+    def next_turn(episode: _LiveEpisode) -> None:
+        """Queue the episode's next generation, or end it at a limit."""
+        tokens_left = params.max_new_tokens
+        if max_episode_tokens is not None:
+            tokens_left = min(tokens_left, max_episode_tokens - episode.record.action_tokens)
+            if tokens_left <= 0:
+                return finish(episode, episode.result(0.0, {"success": False}, "token_limit"))
+        if len(episode.record.token_ids) + params.max_new_tokens > max_context_tokens:
+            return finish(episode, episode.result(0.0, {"success": False}, "context_limit"))
+        turn_params = replace(params, max_new_tokens=tokens_left, seed=episode_seed(params.seed, episode.task.key, episode.turns))
+        generating[backend.submit(episode.record.token_ids, turn_params, episode.task.adapter)] = episode
+
+    while queue or generating:
+        starting = [queue.popleft() for _ in range(min(len(queue), batch_size - len(generating)))]
         for task, reset in zip(starting, backend.reset(starting) if starting else []):
             if reset is None:  # lost with its environment actor: run it again
                 queue.append(task)
                 continue
             record = TokenRecord()
             record.add_observation(prompt.prompt_ids(reset.messages, reset.tools, example))
-            live.append(_LiveEpisode(task, list(reset.messages), reset.tools, reset.info, record, time.perf_counter()))
-        ready = []
-        for episode in live:
-            if len(episode.record.token_ids) + params.max_new_tokens <= max_context_tokens:
-                ready.append(episode)
-            else:
-                finish(episode, episode.result(0.0, {"success": False}, "context_limit"))
-        live = []
-        if not ready:
+            next_turn(_LiveEpisode(task, list(reset.messages), reset.tools, reset.info, record, time.perf_counter()))
+        if not generating:
             continue
-        seed = None if params.seed is None else params.seed + generate_calls
-        generate_calls += 1
-        batch_params = SamplingParams(params.temperature, params.top_p, params.max_new_tokens, seed)
-        generations = backend.generate(
-            [episode.record.token_ids for episode in ready], batch_params, [episode.task.adapter for episode in ready]
-        )
-        replies = [prompt.parse(generation.token_ids, turn=episode.turns) for episode, generation in zip(ready, generations)]
-        steps = backend.step([(episode.task.key, reply) for episode, reply in zip(ready, replies)])
-        for episode, generation, reply, step in zip(ready, generations, replies, steps):
+        done, _ = wait(generating, return_when=FIRST_COMPLETED)
+        replied = [(generating.pop(future), future.result()) for future in done]
+        replies = [prompt.parse(generation.token_ids, turn=episode.turns) for episode, generation in replied]
+        steps = backend.step([(episode.task.key, reply) for (episode, _), reply in zip(replied, replies)])
+        for (episode, generation), reply, step in zip(replied, replies, steps):
             if step is None:  # lost with its environment actor: run it again from the start
                 queue.append(episode.task)
                 continue
@@ -201,7 +218,7 @@ def run_rollouts(
             episode.record.add_observation(
                 prompt.continuation_ids(episode.messages, len(step.messages), episode.tools, example, generation.token_ids)
             )
-            live.append(episode)
+            next_turn(episode)
     return [results[task.key] for task in tasks]
 
 

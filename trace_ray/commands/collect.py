@@ -28,6 +28,7 @@ def collection_manifest(config: TraceConfig) -> dict:
         "top_p": config.top_p,
         "max_new_tokens": config.model.sampling.max_new_tokens,
         "max_turns": config.env.max_turns,
+        "max_episode_tokens": config.rollout.max_episode_tokens,
         "success_threshold": config.env.success_threshold,
         "seed": config.seed,
     }
@@ -61,7 +62,10 @@ def run(config: TraceConfig) -> None:
 
         with Progress(console=console, transient=True) as progress:
             bar = progress.add_task(f"collecting {config.env.name}/{config.split} with {config.model.name}", total=len(todo))
-            run_rollouts(todo, RayRolloutBackend(pool), prompt, params, config.batch_size, config.model.max_context_tokens, on_done)
+            run_rollouts(
+                todo, RayRolloutBackend(pool), prompt, params, config.batch_size, config.model.max_context_tokens, on_done,
+                config.rollout.max_episode_tokens,
+            )
         if pending:
             store.write_shard(pending)
     print_summary(store, config)

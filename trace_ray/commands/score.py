@@ -35,6 +35,7 @@ def run(config: TraceConfig) -> None:
             config.batch_size,
             config.model.max_context_tokens,
             on_done=lambda _: progress.advance(bar),
+            max_episode_tokens=config.rollout.max_episode_tokens,
         )
     rows = summarize([(result.family, result.reward, result.success) for result in results])
     print_table(

@@ -1,7 +1,8 @@
-"""The engine interface shared by the transformers engine and (later) vLLM."""
+"""The engine interface shared by the transformers and vLLM engines."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,7 +26,15 @@ class Generation:
 
 
 class Engine(Protocol):
-    """Holds the base model plus any number of LoRA adapters known by (name, version)."""
+    """Holds the base model plus any number of LoRA adapters known by (name, version).
+
+    Engines batch continuously: requests submitted while others are running
+    join the running batch.
+    """
+
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None) -> Future:
+        """Start one generation with ``adapter`` (None: the base model); the future resolves to a Generation."""
+        ...
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None

@@ -1,30 +1,39 @@
-"""The transformers engine: batched generation on CPU or GPU, LoRA adapters, prefix caching.
+"""The transformers engine: continuous batching on CPU or GPU, LoRA adapters, prefix caching.
 
-Adapters are PEFT LoRA adapters held beside the frozen base model, each
-known by ``(name, version)``; a request names one (or none for the base
-model) and the batch is generated one adapter group at a time.
+Requests join the running batch as they arrive and leave it as soon as they
+finish (see ``engine_loop.py``); a decode step runs every row of the batch
+at once, each with its own sampling settings, random generator and LoRA
+adapter (PEFT's mixed-adapter batches). Rows are left-padded in one shared
+KV cache; positions are given explicitly, so padding never shifts them.
 
 Agent prompts share a long prefix (policy, tool list, worked example): on a
-CPU its prefill dominates generation. The engine therefore keeps the KV
-cache of the longest prefix shared by a batch's prompts and prefills only
-each prompt's own suffix. Rows are laid out as
-``[shared prefix][padding][suffix]``; positions come from the attention
-mask, so padding in the middle does not shift them.
+CPU its prefill dominates. The engine keeps the KV cache of recent shared
+prefixes (per adapter version) and prefills only each prompt's own suffix.
+
+Adapters are PEFT LoRA adapters held beside the frozen base model, each
+known by ``(name, version)``. Replacing or unloading an adapter never
+changes a generation already running: the old weights stay until its last
+row finishes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
 
 import torch
 
 from trace_ray.engines.base import AdapterRef, Generation, SamplingParams
+from trace_ray.engines.cpu_attention import use_grouped_attention
+from trace_ray.engines.engine_loop import EngineLoop, Request
+from trace_ray.engines.sampling import sample_next
 from trace_ray.errors import TraceRayError
 
 MIN_CACHED_PREFIX = 32  # shorter shared prefixes are cheaper to recompute than to copy
 PREFIX_CACHE_ENTRIES = 4
+BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 
 
 def common_prefix_length(prompts: list[list[int]]) -> int:
@@ -38,6 +47,16 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return length
 
 
+def left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``tensor`` with zeros prepended along ``dim`` up to ``width``."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
 class AdapterNotLoadedError(TraceRayError):
     """A request named an adapter (or version) the engine does not hold."""
 
@@ -49,92 +68,195 @@ def end_of_turn_ids(model, tokenizer) -> list[int]:
     return sorted({tokenizer.eos_token_id, *[token for token in configured if token is not None]})
 
 
+@dataclass(eq=False)
+class _Row:
+    request: Request
+    peft_name: str | None  # the PEFT adapter generating this row; None: the base model
+    tokens: list[int]
+    logprobs: list[float]
+
+
 class HFEngine:
-    def __init__(self, model, tokenizer, stop_token_ids: list[int] | None = None):
+    def __init__(self, model, tokenizer, stop_token_ids: list[int] | None = None, max_batch_rows: int = 32):
         self.base_model = model
+        if self.device.type == "cpu":
+            use_grouped_attention(model)
         self.peft_model = None  # wraps base_model once an adapter is loaded
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
-        self.stop_token_ids = stop_token_ids or end_of_turn_ids(model, tokenizer)
+        self.stop_token_ids = set(stop_token_ids or end_of_turn_ids(model, tokenizer))
+        self.max_batch_rows = max_batch_rows
         self._adapters: dict[str, tuple[int, str]] = {}  # name -> (version, PEFT-internal name)
+        self._retired: set[str] = set()  # PEFT names replaced or unloaded, deleted once no row uses them
         self._loads = 0
         self._prefix_caches: OrderedDict[tuple, object] = OrderedDict()
+        self._recent_prompt: dict[AdapterRef | None, list[int]] = {}
+        self._rows: list[_Row] = []
+        self._cache = None  # KV cache of the running batch
+        self._mask: torch.Tensor | None = None  # [rows, cache width]: 1 on real tokens
+        self._loop = EngineLoop(self)
 
     @property
     def device(self) -> torch.device:
         return next(self.base_model.parameters()).device
 
-    # -- adapters ---------------------------------------------------------------------
+    # -- public interface --------------------------------------------------------------
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None) -> Future:
+        """Queue one generation; the future resolves to its :class:`Generation`."""
+        return self._loop.submit([(prompt, params, adapter)])[0]
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None
+    ) -> list[Generation]:
+        """One generation per prompt, prompt i with ``adapters[i]`` (None: the base model) and seed ``seed + i``."""
+        adapters = adapters or [None] * len(prompts)
+        requests = [
+            (prompt, replace(params, seed=None if params.seed is None else params.seed + index), adapter)
+            for index, (prompt, adapter) in enumerate(zip(prompts, adapters))
+        ]
+        return [future.result() for future in self._loop.submit(requests)]
+
     def adapters(self) -> dict[str, int]:
         """Loaded adapters: name -> version."""
         return {name: version for name, (version, _) in self._adapters.items()}
 
     def load_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> None:
         """Load (or replace) adapter ``name`` at ``version`` from a PEFT state dict and LoRA settings."""
+        self._loop.locked(self._load_adapter, name, version, weights, lora_config)
+
+    def unload_adapter(self, name: str) -> None:
+        self._loop.locked(self._unload_adapter, name)
+
+    # -- adapters ---------------------------------------------------------------------
+    def _load_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> None:
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
         self._loads += 1
-        internal = f"adapter{self._loads}"  # fresh PEFT name per load: the old version stays usable until replaced
+        internal = f"adapter{self._loads}"  # fresh PEFT name per load: running rows keep the old version
         config = LoraConfig(**lora_config)
         if self.peft_model is None:
             self.peft_model = get_peft_model(self.base_model, config, adapter_name=internal)
+            self.peft_model.eval()
         else:
             self.peft_model.add_adapter(internal, config)
         result = set_peft_model_state_dict(self.peft_model, weights, adapter_name=internal)
         if getattr(result, "unexpected_keys", None):
-            self.peft_model.delete_adapter(internal)
+            self._retired.add(internal)
+            self._release_retired()
             raise ValueError(f"adapter {name!r} has weights that fit no LoRA module: {result.unexpected_keys[:3]}")
         previous = self._adapters.get(name)
         self._adapters[name] = (version, internal)
         if previous:
-            self.peft_model.delete_adapter(previous[1])
+            self._retired.add(previous[1])
         self._drop_prefix_caches(name)
+        self._release_retired()
 
-    def unload_adapter(self, name: str) -> None:
+    def _unload_adapter(self, name: str) -> None:
         if name not in self._adapters:
             raise KeyError(f"adapter {name!r} is not loaded (loaded: {', '.join(sorted(self._adapters)) or 'none'})")
-        _, internal = self._adapters.pop(name)
-        if self._adapters:
-            self.peft_model.delete_adapter(internal)
-        else:  # PEFT cannot run without an adapter: unwrap back to the plain base model
-            self.base_model = self.peft_model.unload()
-            self.peft_model = None
+        self._retired.add(self._adapters.pop(name)[1])
         self._drop_prefix_caches(name)
+        self._release_retired()
+
+    def _release_retired(self) -> None:
+        """Delete retired adapters no running row uses; unwrap PEFT once no adapter is left."""
+        in_use = {row.peft_name for row in self._rows}
+        if not self._adapters and not in_use - {None} and self.peft_model is not None:
+            self.base_model = self.peft_model.unload()  # PEFT cannot run without an adapter
+            self.peft_model = None
+            self._retired.clear()
+            return
+        for internal in sorted(self._retired - in_use):
+            self.peft_model.delete_adapter(internal)
+            self._retired.discard(internal)
 
     def _drop_prefix_caches(self, name: str) -> None:
         for key in [key for key in self._prefix_caches if key[0] and key[0][0] == name]:
             del self._prefix_caches[key]
 
-    def _network(self, adapter: AdapterRef | None):
-        """The module that generates with ``adapter`` (None: the base model) and a context to run it in."""
+    def _peft_name(self, adapter: AdapterRef | None) -> str | None:
         if adapter is None:
-            if self.peft_model is None:
-                return self.base_model, contextlib.nullcontext()
-            return self.peft_model, self.peft_model.disable_adapter()
+            return None
         name, version = adapter
         loaded = self._adapters.get(name)
         if loaded is None or loaded[0] != version:
             have = ", ".join(f"{n} v{v}" for n, v in sorted(self.adapters().items())) or "none"
             raise AdapterNotLoadedError(f"adapter {name!r} version {version} is not loaded (loaded: {have}); load it first")
-        self.peft_model.set_adapter(loaded[1])
-        return self.peft_model, contextlib.nullcontext()
+        return loaded[1]
 
-    # -- generation -------------------------------------------------------------------
-    def _cached_prefix(self, network, adapter, prompts: list[list[int]]) -> tuple[int, object | None]:
-        """(length, KV cache) of a stored prefix shared by every prompt, computing one if worth it.
+    def _forward(self, peft_names: list[str | None], **inputs):
+        """One forward pass, row i through adapter ``peft_names[i]`` (None: the base model)."""
+        if self.peft_model is None:
+            return self.base_model(**inputs, use_cache=True)
+        return self.peft_model(**inputs, use_cache=True, adapter_names=[name or BASE for name in peft_names])
 
-        Caches are per adapter version. At least one token of every prompt
-        stays uncached so that generation has an input.
+    # -- the engine core (run by the engine loop) --------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self._rows)
+
+    @property
+    def room(self) -> int:
+        return self.max_batch_rows - len(self._rows)
+
+    @torch.no_grad()
+    def admit(self, requests: list[Request]) -> list[tuple[Request, Generation | BaseException]]:
+        """Prefill the requests (one group per adapter), sample their first token, join the batch."""
+        ended: list[tuple[Request, Generation | BaseException]] = []
+        groups: dict[AdapterRef | None, list[Request]] = {}
+        for request in requests:
+            try:
+                self._peft_name(request.adapter)
+            except AdapterNotLoadedError as error:
+                ended.append((request, error))
+                continue
+            groups.setdefault(request.adapter, []).append(request)
+        for adapter, group in groups.items():
+            ended += self._admit_group(adapter, group)
+        return ended
+
+    def _admit_group(self, adapter: AdapterRef | None, requests: list[Request]) -> list[tuple[Request, Generation]]:
+        peft_name = self._peft_name(adapter)
+        prompts = [request.prompt for request in requests]
+        prefix_length, cache = self._cached_prefix(adapter, peft_name, prompts)
+        width = max(len(prompt) for prompt in prompts) - prefix_length
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), prefix_length + width), dtype=torch.long)
+        mask[:, :prefix_length] = 1
+        for row, prompt in enumerate(prompts):
+            suffix = prompt[prefix_length:]
+            input_ids[row, width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            mask[row, prefix_length + width - len(suffix) :] = 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)[:, prefix_length:]
+        output = self._forward(
+            [peft_name] * len(prompts),
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=cache,
+            logits_to_keep=1,
+        )
+        rows = [_Row(request, peft_name, [], []) for request in requests]
+        return self._join(rows, output.past_key_values, mask.to(self.device), output.logits[:, -1])
+
+    def _cached_prefix(self, adapter, peft_name, prompts: list[list[int]]) -> tuple[int, object | None]:
+        """(length, KV cache for every prompt) of a stored prefix they all share, storing a new one if worth it.
+
+        A single prompt is compared with the adapter's previous prompt, so
+        that requests arriving one by one still share their prefix. At
+        least one token of every prompt stays uncached for the forward pass.
         """
-        shared = common_prefix_length(prompts)
-        shared = min(shared, min(len(prompt) for prompt in prompts) - 1)
+        usable = min(common_prefix_length(prompts), min(len(prompt) for prompt in prompts) - 1)
         best: tuple[int, ...] = ()
         for cached_adapter, prefix in self._prefix_caches:
-            if cached_adapter == adapter and len(best) < len(prefix) <= shared and tuple(prompts[0][: len(prefix)]) == prefix:
+            if cached_adapter == adapter and len(best) < len(prefix) <= usable and tuple(prompts[0][: len(prefix)]) == prefix:
                 best = prefix
-        if not best and len(prompts) > 1 and shared >= MIN_CACHED_PREFIX:
+        peers = prompts if len(prompts) > 1 else prompts + ([self._recent_prompt[adapter]] if adapter in self._recent_prompt else [])
+        self._recent_prompt[adapter] = prompts[-1]
+        shared = min(usable, common_prefix_length(peers))
+        if not best and len(peers) > 1 and shared >= MIN_CACHED_PREFIX:
             best = tuple(prompts[0][:shared])
-            output = network(torch.tensor([best], device=self.device), use_cache=True)
+            output = self._forward([peft_name], input_ids=torch.tensor([best], device=self.device))
             self._prefix_caches[(adapter, best)] = output.past_key_values
             while len(self._prefix_caches) > PREFIX_CACHE_ENTRIES:
                 self._prefix_caches.popitem(last=False)
@@ -145,68 +267,68 @@ class HFEngine:
         cache.batch_repeat_interleave(len(prompts))
         return len(best), cache
 
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None
-    ) -> list[Generation]:
-        """One generation per prompt; ``adapters[i]`` = (name, version) for prompt i, or None for the base model."""
-        adapters = adapters or [None] * len(prompts)
-        groups: dict[AdapterRef | None, list[int]] = {}
-        for index, adapter in enumerate(adapters):
-            groups.setdefault(adapter, []).append(index)
-        outputs: list[Generation | None] = [None] * len(prompts)
-        for number, (adapter, indices) in enumerate(groups.items()):
-            seed = None if params.seed is None else params.seed + number
-            group_params = SamplingParams(params.temperature, params.top_p, params.max_new_tokens, seed)
-            for index, generation in zip(indices, self._generate_group([prompts[i] for i in indices], group_params, adapter)):
-                outputs[index] = generation
-        return outputs
-
     @torch.no_grad()
-    def _generate_group(self, prompts: list[list[int]], params: SamplingParams, adapter) -> list[Generation]:
-        if not prompts:
-            return []
-        network, context = self._network(adapter)
-        with context:
-            return self._sample(network, adapter, prompts, params)
+    def step(self) -> list[tuple[Request, Generation]]:
+        """One decode step for every running row."""
+        last_tokens = torch.tensor([[row.tokens[-1]] for row in self._rows], device=self.device)
+        positions = self._mask.sum(dim=1, keepdim=True)
+        mask = torch.cat([self._mask, torch.ones_like(positions)], dim=1)
+        output = self._forward(
+            [row.peft_name for row in self._rows],
+            input_ids=last_tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self._cache,
+        )
+        rows, self._rows = self._rows, []
+        self._cache, self._mask = None, None
+        return self._join(rows, output.past_key_values, mask, output.logits[:, -1])
 
-    def _sample(self, network, adapter, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        prefix_length, cache = self._cached_prefix(network, adapter, prompts)
-        width = max(len(prompt) for prompt in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, prompt in enumerate(prompts):
-            suffix = prompt[prefix_length:]
-            input_ids[row, :prefix_length] = torch.tensor(prompt[:prefix_length], dtype=torch.long)
-            input_ids[row, width - len(suffix):] = torch.tensor(suffix, dtype=torch.long)
-            attention_mask[row, :prefix_length] = 1
-            attention_mask[row, width - len(suffix):] = 1
-        greedy = params.temperature == 0
-        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
-        with torch.random.fork_rng(devices=[]):
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
-            output = network.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
-                past_key_values=cache,
-                do_sample=not greedy,
-                max_new_tokens=params.max_new_tokens,
-                eos_token_id=self.stop_token_ids,
-                pad_token_id=self.pad_token_id,
-                return_dict_in_generate=True,
-                output_logits=True,
-                **sampling,
-            )
-        new_tokens = output.sequences[:, width:].cpu()
-        scale = 1.0 if greedy else params.temperature
-        logprobs = torch.empty(new_tokens.shape)
-        for step, logits in enumerate(output.logits):
-            step_logprobs = torch.log_softmax(logits.float().cpu() / scale, dim=-1)
-            logprobs[:, step] = step_logprobs.gather(-1, new_tokens[:, step : step + 1]).squeeze(-1)
-        return [self._trim(new_tokens[row].tolist(), logprobs[row].tolist()) for row in range(len(prompts))]
+    def abort(self) -> list[Request]:
+        rows, self._rows, self._cache, self._mask = self._rows, [], None, None
+        self._release_retired()
+        return [row.request for row in rows]
 
-    def _trim(self, token_ids: list[int], logprobs: list[float]) -> Generation:
-        for index, token in enumerate(token_ids):
+    def _join(self, rows: list[_Row], cache, mask: torch.Tensor, logits: torch.Tensor) -> list[tuple[Request, Generation]]:
+        """Sample each row's next token; finished rows leave, the others join the running batch."""
+        tokens, logprobs = sample_next(
+            logits,
+            [row.request.params.temperature for row in rows],
+            [row.request.params.top_p for row in rows],
+            [row.request.generator for row in rows],
+        )
+        finished, keep = [], []
+        for index, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs)):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
             if token in self.stop_token_ids:
-                return Generation(token_ids[: index + 1], logprobs[: index + 1], "stop")
-        return Generation(token_ids, logprobs, "length")
+                finished.append((row.request, Generation(row.tokens, row.logprobs, "stop")))
+            elif len(row.tokens) >= row.request.params.max_new_tokens:
+                finished.append((row.request, Generation(row.tokens, row.logprobs, "length")))
+            else:
+                keep.append(index)
+        if keep:
+            if len(keep) < len(rows):
+                cache.batch_select_indices(torch.tensor(keep, device=mask.device))
+                mask = mask[keep]
+            self._merge([rows[index] for index in keep], cache, mask)
+        self._release_retired()
+        return finished
+
+    def _merge(self, rows: list[_Row], cache, mask: torch.Tensor) -> None:
+        """Add rows (with their cache and mask) to the running batch, right-aligned, trimming shared padding."""
+        if self._cache is not None:
+            width = max(mask.shape[1], self._mask.shape[1])
+            for ours, theirs in zip(self._cache.layers, cache.layers):
+                ours.keys = torch.cat([left_pad(ours.keys, width, 2), left_pad(theirs.keys, width, 2)])
+                ours.values = torch.cat([left_pad(ours.values, width, 2), left_pad(theirs.values, width, 2)])
+            cache = self._cache
+            mask = torch.cat([left_pad(self._mask, width, 1), left_pad(mask, width, 1)])
+        padding = int((mask.sum(dim=0) == 0).long().cumprod(dim=0).sum())  # columns empty in every row
+        if padding:
+            for layer in cache.layers:
+                layer.keys = layer.keys[:, :, padding:]
+                layer.values = layer.values[:, :, padding:]
+            mask = mask[:, padding:]
+        self._rows += rows
+        self._cache, self._mask = cache, mask

@@ -1,0 +1,110 @@
+"""Continuous batching: an engine core stepped on one background thread.
+
+Callers ``submit`` requests from any thread and get a future back. The loop
+thread hands newly submitted requests to the core, which admits them into
+its running batch, and advances the batch one decode step at a time; a
+request leaves the batch the moment it finishes. So a multi-turn episode
+whose reply ended can step its environment and come back with its next
+prompt while the other episodes are still generating: no one waits for the
+slowest sequence of a batch.
+
+A core implements ``admit(requests) -> ended``, ``step() -> finished``,
+``busy`` and ``room`` (requests beyond it wait their turn). Everything
+that touches the core's state (adapter loading included) runs under the
+loop's lock, between steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, TypeVar
+
+import torch
+
+from trace_ray.engines.base import AdapterRef, Generation, SamplingParams
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    adapter: AdapterRef | None
+    generator: torch.Generator
+    future: Future = field(default_factory=Future)
+
+
+class EngineCore(Protocol):
+    busy: bool  # requests are in the running batch
+    room: int  # how many more requests the running batch takes
+
+    def admit(self, requests: list[Request]) -> list[tuple[Request, Generation | BaseException]]:
+        """Add requests to the running batch; those already ended come back (finished at their first token, or failed)."""
+        ...
+
+    def step(self) -> list[tuple[Request, Generation]]:
+        """Advance the running batch one token; returns the requests that finished."""
+        ...
+
+    def abort(self) -> list[Request]:
+        """Drop every request in the running batch (after an unexpected error); returns them."""
+        ...
+
+
+def request_generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore):
+        self.core = core
+        self._lock = threading.Lock()  # held while the core runs
+        self._wakeup = threading.Condition()
+        self._waiting: list[Request] = []
+        self._thread: threading.Thread | None = None
+
+    def submit(self, requests: list[tuple[list[int], SamplingParams, AdapterRef | None]]) -> list[Future]:
+        """Queue generations ``(prompt, params, adapter)``, together; each future resolves to a :class:`Generation`."""
+        queued = [Request(list(prompt), params, adapter, request_generator(params.seed)) for prompt, params, adapter in requests]
+        with self._wakeup:
+            self._waiting += queued
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+                self._thread.start()
+            self._wakeup.notify()
+        return [request.future for request in queued]
+
+    def locked(self, function: Callable[..., T], *args) -> T:
+        """Run ``function`` between decode steps (adapter loading, inspection)."""
+        with self._lock:
+            return function(*args)
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._waiting and not self.core.busy:
+                    self._wakeup.wait()
+                room = max(self.core.room, 0)
+                arrived, self._waiting = self._waiting[:room], self._waiting[room:]
+            with self._lock:
+                try:
+                    ended = self.core.admit(arrived) if arrived else []
+                    ended += self.core.step() if self.core.busy else []
+                except BaseException as error:  # a broken step fails its requests, never the loop
+                    for request in [*arrived, *self.core.abort()]:
+                        if not request.future.done():
+                            request.future.set_exception(error)
+                    continue
+            for request, outcome in ended:
+                if isinstance(outcome, BaseException):
+                    request.future.set_exception(outcome)
+                else:
+                    request.future.set_result(outcome)

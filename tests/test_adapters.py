@@ -72,6 +72,25 @@ def test_unloading_the_last_adapter_restores_the_base_model(engine):
         engine.generate(prompt, GREEDY, [("cap", 1)])
 
 
+def test_a_running_generation_keeps_the_version_it_started_with(engine):
+    from tests.test_hf_engine import wait_until_running
+
+    weights_a, reference_a = random_adapter(1)
+    weights_b, _ = random_adapter(2)
+    engine.load_adapter("cap", 1, weights_a, LORA)
+    prompt = prompts_for(engine.tokenizer, ["text Ann"])[0]
+    running = engine.submit(prompt, SamplingParams(0.0, 1.0, 500), ("cap", 1))
+    wait_until_running(engine)
+    engine.load_adapter("cap", 2, weights_b, LORA)  # replaced while version 1 is generating
+    engine.unload_adapter("cap")
+    assert not running.done()
+    generation = running.result()
+    assert len(generation.token_ids) > 1
+    expected = forward_logprobs(reference_a, prompt, generation.token_ids, 1.0)
+    assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-3)  # version 1 to the end
+    assert engine.adapters() == {} and engine.peft_model is None  # its weights went once it ended
+
+
 def test_rollout_worker_actor_loads_and_verifies_adapters(ray_session):
     import ray
 

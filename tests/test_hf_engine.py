@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import torch
 
 from trace_ray.engines import SamplingParams
@@ -105,3 +107,43 @@ def test_grouped_cpu_attention_matches_transformers_sdpa_with_padding():
         grouped = network(ids, attention_mask=mask, position_ids=positions).logits
     real = mask.bool()
     assert torch.allclose(grouped[real], reference[real], atol=1e-5)
+
+
+def wait_until_running(engine, rows=1):
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(engine._rows) < rows:
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.001)
+
+
+def test_a_request_joining_a_running_batch_generates_what_it_would_alone(tiny_model):
+    network, tokenizer = tiny_model
+    engine = HFEngine(network, tokenizer, stop_token_ids=[tokenizer.eos_token_id])
+    long_prompt, short_prompt = prompts_for(tokenizer, ["a long task with a long answer", "hi"])
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=300)
+    rows_per_step = []
+    step = engine.step
+    engine.step = lambda: (rows_per_step.append(len(engine._rows)), step())[1]
+    running = engine.submit(long_prompt, params)
+    wait_until_running(engine)
+    joining = engine.submit(short_prompt, replace(params, max_new_tokens=20))
+    joined, first = joining.result(), running.result()
+    assert rows_per_step[0] == 1 and max(rows_per_step) == 2 and rows_per_step[-1] == 1  # joined mid-way, left early
+    alone_long = engine.generate([long_prompt], params)[0]
+    alone_short = engine.generate([short_prompt], replace(params, max_new_tokens=20))[0]
+    assert first.token_ids == alone_long.token_ids and joined.token_ids == alone_short.token_ids
+    assert torch.allclose(torch.tensor(joined.logprobs), torch.tensor(alone_short.logprobs), atol=1e-4)
+    assert engine._rows == [] and engine._cache is None  # the batch is empty again
+
+
+def test_batch_holds_at_most_max_batch_rows(tiny_model):
+    network, tokenizer = tiny_model
+    engine = HFEngine(network, tokenizer, max_batch_rows=2)
+    seen = []
+    step = engine.step
+    engine.step = lambda: (seen.append(len(engine._rows)), step())[1]  # rows in each decode step
+    prompts = prompts_for(tokenizer, ["one", "two", "three", "four", "five"])
+    generations = engine.generate(prompts, SamplingParams(0.0, 1.0, 6))
+    assert len(generations) == 5 and max(seen) == 2

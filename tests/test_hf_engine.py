@@ -13,11 +13,17 @@ def prompts_for(tokenizer, texts):
     ]
 
 
-def forward_logprobs(network, prompt, generated, temperature):
+def forward_logprobs(network, prompt, generated, temperature, top_p=1.0):
+    """Teacher-forced log-probs of ``generated`` under the temperature-scaled policy, renormalized to the top-p nucleus."""
+    from trace_ray.engines.sampling import nucleus
+
     ids = torch.tensor([prompt + generated])
     with torch.no_grad():
         logits = network(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(generated)[:, None]).squeeze(-1)
+    logprobs = torch.log_softmax(logits, -1)
+    chosen = logprobs.gather(-1, torch.tensor(generated)[:, None]).squeeze(-1)
+    nucleus_mass = torch.tensor([float(nucleus(step.exp(), top_p)[0].sum()) for step in logprobs])
+    return chosen - torch.log(nucleus_mass)
 
 
 def test_batched_greedy_matches_single_sequences(tiny_model):
@@ -40,7 +46,7 @@ def test_logprobs_are_those_of_the_sampling_policy(tiny_model):
         params = SamplingParams(temperature=temperature, top_p=0.9, max_new_tokens=10, seed=3)
         for prompt, generation in zip(prompts, engine.generate(prompts, params)):
             assert len(generation.logprobs) == len(generation.token_ids) > 0
-            expected = forward_logprobs(network, prompt, generation.token_ids, temperature or 1.0)
+            expected = forward_logprobs(network, prompt, generation.token_ids, temperature or 1.0, 0.9 if temperature else 1.0)
             assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-3)
 
 

@@ -21,7 +21,7 @@ AdapterRef = tuple[str, int]  # (adapter name, version)
 @dataclass
 class Generation:
     token_ids: list[int]  # sampled tokens, ending with the stop token when finish_reason == "stop"
-    logprobs: list[float]  # log-prob of each sampled token under the temperature-scaled policy
+    logprobs: list[float]  # log-prob of each sampled token under the distribution drawn from (engines/sampling.py)
     finish_reason: str  # "stop" | "length"
 
 

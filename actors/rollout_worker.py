@@ -6,16 +6,16 @@ import os
 
 import torch
 
-from trace_ray.config import ModelConfig
+from trace_ray.config import EngineConfig, ModelConfig
 from trace_ray.engines import AdapterRef, Generation, SamplingParams, make_engine
 
 
 class RolloutWorker:
-    def __init__(self, model: ModelConfig, engine: str = "hf", threads: int | None = None):
+    def __init__(self, model: ModelConfig, engine: EngineConfig, threads: int | None = None):
         if threads:
             torch.set_num_threads(threads)
         self.model_name = model.name
-        self.engine_name = engine
+        self.engine_name = engine.name
         self.engine = make_engine(model, engine)
 
     def generate(

@@ -4,12 +4,13 @@ On the same tasks, model and token budget (greedy decoding, so every path
 generates the same episodes), measures generated tokens/s and episodes/s of:
   (a) the Ray path of `trace-ray collect`: rollout worker + environment actor, batched;
   (b) a plain sequential loop: one episode at a time, transformers' ``generate`` in this process;
-  (c) the vLLM engine, when installed (not yet implemented: reported as absent);
+  (c) the Ray path with the vLLM engine, when vLLM is installed (``vllm_engine=vllm_cpu``
+      here, ``vllm_engine=vllm`` on GPU machines);
   (d) the raw engine in this process generating the same batches as (a), no Ray.
 Prints a/b (target >= 3 on 2 cores) and the orchestration overhead of a over d
 (target < 15%).
 
-    python benchmarks/rollout_throughput.py [model=smollm2_135m] [tasks=16] [max_new_tokens=64] [batch_size=8]
+    python benchmarks/rollout_throughput.py [model=smollm2_135m] [tasks=16] [max_new_tokens=64] [batch_size=8] [vllm_engine=vllm_cpu]
 
 Use at least twice as many tasks as the batch size: with tasks == batch_size
 no slot is ever refilled and the batch only drains, which is not what a
@@ -67,11 +68,13 @@ def main() -> None:
     count = int(options.pop("tasks", 16))
     max_new_tokens = int(options.pop("max_new_tokens", 64))
     batch_size = int(options.pop("batch_size", 8))
-    config = compose_config("collect", [f"{key}={value}" for key, value in options.items()])
+    vllm_engine = options.pop("vllm_engine", "vllm_cpu")
+    overrides = [f"{key}={value}" for key, value in options.items()]
+    config = compose_config("collect", overrides)
     make_env = environment_maker(config.env)
     tasks = benchmark_tasks(make_env(), "analysis", limit=count)
     params = SamplingParams(0.0, 1.0, max_new_tokens)
-    engine = make_engine(config.model)
+    engine = make_engine(config.model, config.engine)
     prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
     max_context = config.model.max_context_tokens
 
@@ -80,16 +83,26 @@ def main() -> None:
     raw = measure("(d) raw engine, same batches, no Ray", tasks, LocalBackend(make_env, engine), prompt, params, batch_size, max_context)
     del engine
 
+    import ray
+
     from actors.rollout_coordinator import RayRolloutBackend, connect_ray, start_pool
 
     connect_ray(config)
     pool = start_pool(config)
     ray_path = measure("(a) Ray path (collect)", tasks, RayRolloutBackend(pool), prompt, params, batch_size, max_context)
-    for run in (ray_path, sequential, raw):
+    runs = [ray_path, sequential, raw]
+    vllm_path = None
+    if importlib.util.find_spec("vllm"):
+        for actor in pool.workers + pool.env_actors:
+            ray.kill(actor, no_restart=True)
+        pool = start_pool(compose_config("collect", [*overrides, f"engine={vllm_engine}"]))
+        vllm_path = measure(f"(c) Ray path, engine={vllm_engine}", tasks, RayRolloutBackend(pool), prompt, params, batch_size, max_context)
+        runs.append(vllm_path)
+    for run in runs:
         rows.append((run["name"], run["episodes"], run["tokens"], f"{run['seconds']:.1f}",
                      f"{run['tokens'] / run['seconds']:.1f}", f"{run['episodes'] / run['seconds']:.3f}"))
-    vllm = "installed, engine not wired yet" if importlib.util.find_spec("vllm") else "not installed"
-    rows.append((f"(c) vLLM engine: {vllm}", "-", "-", "-", "-", "-"))
+    if vllm_path is None:
+        rows.append(("(c) vLLM engine: not installed", "-", "-", "-", "-", "-"))
     print_table(
         f"rollout throughput: {count} device tasks, {config.model.name}, greedy, max_new_tokens={max_new_tokens}",
         ["path", "episodes", "tokens", "seconds", "tokens/s", "episodes/s"],
@@ -98,6 +111,9 @@ def main() -> None:
     speedup = (ray_path["tokens"] / ray_path["seconds"]) / (sequential["tokens"] / sequential["seconds"])
     overhead = ray_path["seconds"] / raw["seconds"] - 1
     print(f"a/b tokens/s ratio: {speedup:.2f}x (target >= 3)")
+    if vllm_path:
+        vllm_speedup = (vllm_path["tokens"] / vllm_path["seconds"]) / (sequential["tokens"] / sequential["seconds"])
+        print(f"c/b tokens/s ratio: {vllm_speedup:.2f}x (vLLM's tokens may differ: its kernels round differently)")
     print(f"Ray orchestration overhead, a vs d: {overhead * 100:+.1f}% (target < 15%)")
     print(f"same rewards on every path: {ray_path['rewards'] == sequential['rewards'] == raw['rewards']}")
 

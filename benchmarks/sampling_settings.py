@@ -31,7 +31,7 @@ def main() -> None:
     max_new_tokens = int(options.pop("max_new_tokens", 96))  # enough for a first tool call
     config = compose_config("score", [f"{key}={value}" for key, value in options.items()])
     make_env = environment_maker(config.env)
-    engine = make_engine(config.model)
+    engine = make_engine(config.model, config.engine)
     prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
     tasks = []
     for seed in make_env().task_seeds("analysis")[:7]:  # one task of each family

@@ -4,6 +4,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
+from trace_ray.cli import compose_config
 from trace_ray.engines import SamplingParams
 from trace_ray.engines.hf import AdapterNotLoadedError, HFEngine
 from trace_ray.models import load_model
@@ -98,7 +99,8 @@ def test_rollout_worker_actor_loads_and_verifies_adapters(ray_session):
     from actors.rollout_worker import RolloutWorker
     from trace_ray.errors import TraceRayError
 
-    worker = ray.remote(RolloutWorker).options(num_cpus=0.5).remote(model_config("tiny_random"), "hf", 1)
+    config = compose_config("score", ["model=tiny_random"])
+    worker = ray.remote(RolloutWorker).options(num_cpus=0.5).remote(config.model, config.engine, 1)
     weights, _ = random_adapter(4)
     assert ray.get(worker.load_adapter.remote("cap", 7, weights, LORA)) == {"cap": 7}
     assert ray.get(worker.health.remote())["adapters"] == {"cap": 7}

@@ -19,7 +19,7 @@ MODEL_SOURCES = ("embedded", "random_init", "path")
 DTYPES = ("float32", "bfloat16", "float16")
 TOOL_FORMATS = ("auto", "native", "text")
 SPLITS = ("analysis", "eval")
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")
 
 
 @dataclass
@@ -72,7 +72,12 @@ class EnvConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = MISSING  # hf
+    name: str = MISSING  # hf | vllm
+    max_batch_rows: int = MISSING  # requests generated together (vLLM: max_num_seqs)
+    max_loras: int = 4  # vllm: adapters resident at once
+    max_lora_rank: int = 64  # vllm: the largest LoRA rank it accepts
+    memory_fraction: float = 0.85  # vllm: share of GPU memory (on CPU: of host memory) for weights and KV cache
+    tensor_parallel_size: int = 1  # vllm: GPUs per engine
 
 
 @dataclass
@@ -137,7 +142,16 @@ def validate(config: TraceConfig) -> TraceConfig:
     _require(config.split in SPLITS, f"split={config.split!r} is not one of {', '.join(SPLITS)}")
     _require(config.limit is None or config.limit > 0, f"limit must be a positive number of tasks, got {config.limit}")
     _require(config.batch_size > 0, f"batch_size must be > 0, got {config.batch_size}")
-    _require(config.engine.name in ENGINES, f"engine={config.engine.name!r} is not one of {', '.join(ENGINES)}")
+    engine = config.engine
+    _require(engine.name in ENGINES, f"engine={engine.name!r} is not one of {', '.join(ENGINES)}")
+    _require(engine.max_batch_rows >= 1, f"engine.max_batch_rows must be >= 1, got {engine.max_batch_rows}")
+    _require(engine.max_loras >= 1 and engine.max_lora_rank >= 1, "engine.max_loras and engine.max_lora_rank must be >= 1")
+    _require(0 < engine.memory_fraction <= 1, f"engine.memory_fraction must be in (0, 1], got {engine.memory_fraction}")
+    _require(engine.tensor_parallel_size >= 1, f"engine.tensor_parallel_size must be >= 1, got {engine.tensor_parallel_size}")
+    _require(
+        not (engine.name == "vllm" and model.source == "random_init"),
+        f"engine=vllm loads weights from a folder and model={model.name} has none; use engine=hf",
+    )
     _require(config.samples_per_task > 0, f"samples_per_task must be > 0, got {config.samples_per_task}")
     _require(config.temperature >= 0, f"temperature must be >= 0, got {config.temperature}")
     _require(0 < config.top_p <= 1, f"top_p must be in (0, 1], got {config.top_p}")

@@ -22,7 +22,7 @@ HELP = "score a model greedily on a benchmark split; prints Perfect and Mean sim
 def run(config: TraceConfig) -> None:
     make_env = environment_maker(config.env)
     tasks = benchmark_tasks(make_env(), config.split, limit=config.limit)
-    engine = make_engine(config.model)
+    engine = make_engine(config.model, config.engine)
     prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
     greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.model.sampling.max_new_tokens)
     with Progress(console=console, transient=True) as progress:

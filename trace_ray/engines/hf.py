@@ -47,14 +47,22 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return length
 
 
-def left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """``tensor`` with zeros prepended along ``dim`` up to ``width``."""
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+def stack_right_aligned(first: torch.Tensor, second: torch.Tensor, dim: int) -> torch.Tensor:
+    """``first`` and ``second`` stacked along dim 0, each right-aligned along ``dim`` and zero-padded on the left.
+
+    One allocation and one copy of each input (the running batch's KV cache
+    is large: this runs whenever a request joins).
+    """
+    width = max(first.shape[dim], second.shape[dim])
+    shape = list(first.shape)
+    shape[0], shape[dim] = first.shape[0] + second.shape[0], width
+    stacked = first.new_empty(shape)
+    for rows, part in ((slice(0, first.shape[0]), first), (slice(first.shape[0], None), second)):
+        target = stacked[rows]
+        padding = width - part.shape[dim]
+        target.narrow(dim, 0, padding).zero_()
+        target.narrow(dim, padding, part.shape[dim]).copy_(part)
+    return stacked
 
 
 class AdapterNotLoadedError(TraceRayError):
@@ -317,12 +325,11 @@ class HFEngine:
     def _merge(self, rows: list[_Row], cache, mask: torch.Tensor) -> None:
         """Add rows (with their cache and mask) to the running batch, right-aligned, trimming shared padding."""
         if self._cache is not None:
-            width = max(mask.shape[1], self._mask.shape[1])
             for ours, theirs in zip(self._cache.layers, cache.layers):
-                ours.keys = torch.cat([left_pad(ours.keys, width, 2), left_pad(theirs.keys, width, 2)])
-                ours.values = torch.cat([left_pad(ours.values, width, 2), left_pad(theirs.values, width, 2)])
+                ours.keys = stack_right_aligned(ours.keys, theirs.keys, dim=2)
+                ours.values = stack_right_aligned(ours.values, theirs.values, dim=2)
             cache = self._cache
-            mask = torch.cat([left_pad(self._mask, width, 1), left_pad(mask, width, 1)])
+            mask = stack_right_aligned(self._mask, mask, dim=1)
         padding = int((mask.sum(dim=0) == 0).long().cumprod(dim=0).sum())  # columns empty in every row
         if padding:
             for layer in cache.layers:

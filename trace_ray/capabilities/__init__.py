@@ -1,0 +1,1 @@
+"""Contrastive capability identification: labels, statistics, selection."""

@@ -83,6 +83,29 @@ class Environment(abc.ABC):
         The same seed gives the same fingerprint; different seeds must differ.
         """
 
+    def capability_detectors(self) -> list[str]:
+        """Names of the rule-based capabilities (``trace_ray.capabilities.rules.CATALOGUE``) whose detectors apply here.
+
+        Only these may be labeled with ``labeler=rules`` on this environment;
+        the default, none, means the environment gives no ground truth for them.
+        """
+        return []
+
+    def capability_evidence(self, seed: int) -> dict[str, Any]:
+        """The ground truth the rule-based detectors need for the task of ``seed``, as plain JSON-able data.
+
+        It depends on the seed only, never on the current episode. ``needs``
+        lists the capabilities of :meth:`capability_detectors` the task needs
+        (the others are labeled NA). The other keys are what those detectors
+        read: ``actions`` (the state changes the task requires: tool, expected
+        arguments, each argument's role, whether the user asked for it),
+        ``blockers`` (calls the state refuses at first), ``prechecks`` (tool ->
+        checks due before calling it), ``reports``, ``time_reports`` and
+        ``choice_reports`` (names of report milestones); the formats are in
+        ``trace_ray.capabilities.rules``. Default: none.
+        """
+        return {}
+
     def example_exchange(self) -> list[Message]:
         """A worked example of the tool-call format, rendered before the task.
 

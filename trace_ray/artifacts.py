@@ -18,11 +18,11 @@ def atomic_scratch(path: Path) -> str:
     return scratch
 
 
-def write_json(path: Path, value: Any) -> None:
+def write_json(path: Path, value: Any, sort_keys: bool = True) -> None:
     scratch = atomic_scratch(path)
     try:
         with open(scratch, "w") as stream:
-            json.dump(value, stream, indent=2, sort_keys=True, default=str)
+            json.dump(value, stream, indent=2, sort_keys=sort_keys, default=str)
             stream.write("\n")
         os.replace(scratch, path)
     except BaseException:

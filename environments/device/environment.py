@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from environments.device.capability_evidence import DETECTORS, device_capability_evidence
 from environments.device.milestones import score_episode
 from environments.device.scenarios import SPLIT_SEEDS, TRAIN_SEED_OFFSET, Scenario, make_scenario
 from environments.device.state import DeviceState
@@ -68,6 +69,14 @@ class DeviceEnvironment(ToolEnvironment):
         if self.scenario is None:
             raise RuntimeError("task_fingerprint() called before reset(seed)")
         return hashlib.sha256(repr(self.scenario).encode()).hexdigest()
+
+    # -- ground truth for the rule-based capability labeler ----------------------------------
+    def capability_detectors(self) -> list[str]:
+        return list(DETECTORS)
+
+    def capability_evidence(self, seed: int) -> dict[str, Any]:
+        """Derived from the scenario of ``seed`` by replaying its oracle (see ``capability_evidence.py``)."""
+        return device_capability_evidence(seed)
 
     # -- demonstrations ---------------------------------------------------------------------
     def oracle_message(self) -> Message:

@@ -1,0 +1,186 @@
+"""``trace-ray identify``: labels -> aggregation -> selected.json, sweeps from cached labels, bad inputs."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from trace_ray.capabilities.run_files import RunFile, write_run_file
+from trace_ray.cli import main
+from trace_ray.trajectory_store import TrajectoryStore
+
+MANIFEST = {"env": "device", "split": "analysis", "model": "tiny_random"}
+
+
+def write_trajectories(run_dir, outcomes):
+    """One device episode per (seed, success) with an empty conversation."""
+    rows = [
+        {
+            "task_id": f"device-{seed}", "family": "simple_settings", "split": "analysis", "seed": seed, "sample_index": 0,
+            "env": "device", "model": "tiny_random", "adapter_name": None, "adapter_version": None,
+            "messages": "[]", "tools": "[]", "tool_calls": [], "token_ids": [1], "action_mask": [0], "logprobs": [0.0],
+            "reward": 1.0 if success else 0.0, "success": success, "reward_info": "{}", "termination": "agent_reply",
+            "turns": 1, "generated_tokens": 0, "seconds": 0.1, "finished_at": 0.0,
+        }
+        for seed, success in outcomes
+    ]
+    TrajectoryStore(run_dir, MANIFEST).write_shard(rows)
+
+
+def labels(lacking_failed, present_failed, na_failed, lacking_passed, present_passed, na_passed):
+    return {
+        "lacking_failed": lacking_failed, "present_failed": present_failed, "na_failed": na_failed,
+        "lacking_passed": lacking_passed, "present_passed": present_passed, "na_passed": na_passed,
+    }
+
+
+FAILED = ["device-0#0", "device-1#0", "device-2#0", "device-3#0"]
+PASSED = ["device-4#0", "device-5#0"]
+
+
+def write_precomputed(run_dir, runs=3):
+    """``clear`` lacks in 3 of 4 failures and no success (Cov 0.75, Delta 0.75); ``noise`` lacks everywhere (Delta 0)."""
+    folder = run_dir / "capabilities" / "labels"
+    folder.mkdir(parents=True)
+    for attempt in range(runs):
+        run = RunFile(attempt, 4, 2, {
+            "clear": labels(FAILED[:3], FAILED[3:], [], [], PASSED, []),
+            "noise": labels(FAILED, [], [], PASSED, [], []),
+        }, source=f"run_{attempt:02d}.json")
+        write_run_file(folder / run.source, run)
+    (folder / "candidates.json").write_text(json.dumps({"candidates": [
+        {"name": "clear", "description": "a capability the failures lack", "example_trajectories": []},
+        {"name": "noise", "description": "lacking everywhere", "example_trajectories": []},
+    ]}))
+    return folder
+
+
+@pytest.fixture()
+def run_dir(tmp_path):
+    write_trajectories(tmp_path, [(0, False), (1, False), (2, False), (3, False), (4, True), (5, True)])
+    return tmp_path
+
+
+def identify(run_dir, *overrides):
+    return main(["identify", f"run_dir={run_dir}", "labeler=precomputed", "selection.k=3", *overrides])
+
+
+def test_precomputed_labels_are_aggregated_into_selected_json(run_dir):
+    write_precomputed(run_dir)
+    assert identify(run_dir) == 0
+    selected = json.loads((run_dir / "capabilities" / "selected.json").read_text())
+    everything = json.loads((run_dir / "capabilities" / "all_capabilities.json").read_text())
+    assert [c["name"] for c in selected] == ["clear"] and [c["name"] for c in everything] == ["clear", "noise"]
+    assert list(selected[0]) == [
+        "name", "description", "mean_cov", "std_cov", "mean_delta", "std_delta", "n_runs_passed", "n_runs_total",
+        "passes_consistency", "example_failed_cases", "er_minus_ci", "er_plus_ci", "p_value", "status",
+    ]
+    clear = selected[0]
+    assert clear["description"] == "a capability the failures lack" and clear["status"] == "PENDING"
+    assert (clear["mean_cov"], clear["mean_delta"], clear["n_runs_passed"], clear["n_runs_total"]) == (0.75, 0.75, 3, 3)
+    assert clear["example_failed_cases"] == FAILED[:3]
+
+
+def test_sweep_reaggregates_cached_labels_into_a_table(run_dir):
+    folder = write_precomputed(run_dir)
+    before = {path.name: path.stat().st_mtime_ns for path in folder.iterdir()}
+    assert identify(run_dir, "-m", "selection.rho=0.5,0.8", "selection.delta=0.2,0.9") == 0
+    table = pq.read_table(run_dir / "capabilities" / "sweep.parquet").to_pylist()
+    chosen = {(row["rho"], row["delta"]): row["selected"] for row in table}
+    assert chosen == {(0.5, 0.2): ["clear"], (0.5, 0.9): [], (0.8, 0.2): [], (0.8, 0.9): []}  # Cov 0.75, Delta 0.75
+    assert "| 0.5 | 0.2 | 3 | zero | clear |" in (run_dir / "capabilities" / "sweep.md").read_text()
+    assert {path.name: path.stat().st_mtime_ns for path in folder.iterdir()} == before  # labels untouched
+    assert not (run_dir / "capabilities" / "selected.json").exists()
+
+
+def test_no_successes_is_one_clear_error_and_writes_nothing(tmp_path, capsys):
+    write_trajectories(tmp_path, [(0, False), (1, False)])
+    write_precomputed(tmp_path)
+    assert identify(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert "needs successes and failures" in err and "0 successes and 2 failures" in err and "samples_per_task" in err
+    assert err.count("\n") == 1 and not (tmp_path / "capabilities" / "selected.json").exists()
+
+
+def test_malformed_run_file_is_one_clear_error_and_writes_nothing(run_dir, capsys):
+    folder = write_precomputed(run_dir)
+    (folder / "run_01.json").write_text('{"attempt": 1, "totals": ')
+    assert identify(run_dir) == 1
+    err = capsys.readouterr().err
+    assert "run_01.json: invalid JSON" in err and err.count("\n") == 1
+    assert not (run_dir / "capabilities" / "selected.json").exists()
+
+
+def test_missing_trajectories_and_labels_are_one_line_errors(tmp_path, run_dir, capsys):
+    assert identify(tmp_path / "empty") == 1
+    assert "no trajectories in" in capsys.readouterr().err
+    assert identify(run_dir) == 1  # no run files to aggregate
+    err = capsys.readouterr().err
+    assert "run_*.json" in err and err.count("\n") == 1
+
+
+def test_k_above_the_number_of_runs_is_refused(run_dir, capsys):
+    write_precomputed(run_dir, runs=2)
+    assert identify(run_dir) == 1
+    assert "k=3 exceeds the number of runs (2)" in capsys.readouterr().err
+
+
+def device_episode(seed, follow_oracle):
+    """A finished device episode as a trajectory row: the oracle's, or an agent that replies at once."""
+    from environments.device.environment import DeviceEnvironment
+
+    env = DeviceEnvironment()
+    reset = env.reset(seed)
+    messages = list(reset.messages)
+    while True:
+        message = env.oracle_message() if follow_oracle else {"role": "assistant", "content": "Done."}
+        step = env.step(message)
+        messages += [message, *step.messages]
+        if step.done:
+            return messages, step
+
+
+def write_device_trajectories(run_dir, seeds, follow_oracle):
+    rows = []
+    for seed in seeds:
+        messages, step = device_episode(seed, follow_oracle)
+        rows.append({
+            "task_id": f"device-{seed}", "family": step.info["family"], "split": "analysis", "seed": seed, "sample_index": 0,
+            "env": "device", "model": "tiny_random", "adapter_name": None, "adapter_version": None,
+            "messages": json.dumps(messages), "tools": "[]", "tool_calls": [], "token_ids": [1], "action_mask": [0],
+            "logprobs": [0.0], "reward": step.reward, "success": step.info["success"], "reward_info": json.dumps(step.info),
+            "termination": "agent_reply", "turns": 1, "generated_tokens": 0, "seconds": 0.1, "finished_at": 0.0,
+        })
+    TrajectoryStore(run_dir, MANIFEST).write_shard(rows)
+
+
+def test_rules_labeler_labels_once_and_selects_what_the_failures_lack(tmp_path):
+    write_device_trajectories(tmp_path, range(0, 14), follow_oracle=True)  # two tasks of each family, solved
+    write_device_trajectories(tmp_path, range(14, 28), follow_oracle=False)  # the same families, nothing done
+    rules = ["identify", f"run_dir={tmp_path}", "labeler=rules", "labeler.runs=3", "selection.k=3"]
+    assert main(rules) == 0
+    labels = tmp_path / "capabilities" / "labels"
+    assert sorted(p.name for p in labels.iterdir()) == ["_labeler.json", "candidates.json", "run_00.json", "run_01.json", "run_02.json"]
+    selected = {c["name"]: c for c in json.loads((tmp_path / "capabilities" / "selected.json").read_text())}
+    everything = json.loads((tmp_path / "capabilities" / "all_capabilities.json").read_text())
+    # the do-nothing failures lack every capability their tasks need; the oracle's successes lack none:
+    # Delta = 1 everywhere, and only coverage (how many failures need it) decides
+    assert {"tool_calling_precision", "precondition_verification"} <= set(selected)
+    assert all(c["mean_delta"] == 1.0 for c in everything)
+    assert all(c["n_runs_passed"] == 3 for c in selected.values())
+    assert all(c["mean_cov"] < 0.2 for c in everything if c["name"] not in selected)
+    candidates = json.loads((labels / "candidates.json").read_text())["candidates"]
+    assert {c["name"] for c in candidates} >= set(selected) and all(c["description"] for c in candidates)
+    before = {p.name: p.stat().st_mtime_ns for p in labels.iterdir()}
+    assert main([*rules, "selection.delta=0.5"]) == 0  # same labels reused
+    assert {p.name: p.stat().st_mtime_ns for p in labels.iterdir()} == before
+    assert main([*rules, "labeler.runs=4", "selection.k=4"]) == 0  # new labeler settings: relabeled
+    assert len(list(labels.glob("run_*.json"))) == 4
+
+
+def test_rules_labeler_never_overwrites_run_files_from_elsewhere(run_dir, capsys):
+    folder = write_precomputed(run_dir)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert main(["identify", f"run_dir={run_dir}", "labeler=rules"]) == 1
+    assert "holds run files this project did not write" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

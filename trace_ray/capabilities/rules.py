@@ -1,0 +1,332 @@
+"""The rule-based labeler (``labeler=rules``): a catalogue of tool-use capabilities with deterministic detectors.
+
+A detector reads one trajectory and the environment's ground truth for its
+task (``Environment.capability_evidence(seed)``) and returns NA, PRESENT or
+LACKING. It is NA when the task does not need the capability, i.e. the
+capability is missing from ``evidence["needs"]``. Otherwise it judges the
+trajectory's tool calls (paired with their results), its plain-text replies
+and ``reward_info["milestones"]``; a trajectory without usable tool calls or
+replies (malformed calls, text only, truncated) is LACKING.
+
+The evidence describes each state change the task needs as an action
+``{"tool", "arguments", "roles", "requested"}``; an argument's role is
+``literal`` (spelled out by the request), ``text`` (expected: words the text
+must contain), ``entity`` (taken from a tool result) or ``time`` (a computed
+timestamp). The other fields are ``blockers`` (actions the environment's
+state refuses at first), ``prechecks`` (tool -> checks due before it; ``ask_user``
+is a question to the user), ``reports``, ``time_reports`` and
+``choice_reports`` (milestone names).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
+from trace_ray.errors import TraceRayError
+
+TIME_TOLERANCE_S = 60
+ASK_USER = "ask_user"
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    description: str
+    detect: Callable[[Trajectory, dict], str]  # (trajectory, evidence) -> NA | PRESENT | LACKING
+
+
+# -- reading a trajectory -------------------------------------------------------------------
+@dataclass
+class Call:
+    """One tool call the agent made; ``arguments`` is None when they are not a JSON object."""
+
+    name: str
+    arguments: dict[str, Any] | None
+    ok: bool = False  # a result came back and it is not an error
+
+
+def _arguments(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError:
+            return None
+    return raw if isinstance(raw, dict) else None
+
+
+def events(trajectory: Trajectory) -> list[Call | str]:
+    """The agent's tool calls and plain-text replies, in order; each call paired with its result by position."""
+    found: list[Call | str] = []
+    waiting: list[Call] = []
+    for message in trajectory.messages if isinstance(trajectory.messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "assistant":
+            tool_calls = message.get("tool_calls")
+            waiting = []  # results come right after their message; calls left waiting got none
+            if isinstance(tool_calls, list) and tool_calls:
+                for call in tool_calls:
+                    function = call.get("function") if isinstance(call, dict) else None
+                    function = function if isinstance(function, dict) else {}
+                    name = function.get("name") if isinstance(function.get("name"), str) else ""
+                    found.append(Call(name, _arguments(function.get("arguments"))))
+                    waiting.append(found[-1])
+            else:
+                content = message.get("content")
+                found.append(content if isinstance(content, str) else "")
+        elif message.get("role") == "tool" and waiting:
+            content = message.get("content")
+            waiting.pop(0).ok = isinstance(content, str) and not content.startswith("Error:")
+    return found
+
+
+def calls(trajectory: Trajectory) -> list[Call]:
+    return [event for event in events(trajectory) if isinstance(event, Call)]
+
+
+def reached(trajectory: Trajectory) -> set[str]:
+    """Names of the milestones the episode reached, from ``reward_info``."""
+    milestones = trajectory.reward_info.get("milestones") if isinstance(trajectory.reward_info, dict) else None
+    return {
+        milestone["name"]
+        for milestone in (milestones if isinstance(milestones, list) else [])
+        if isinstance(milestone, dict) and milestone.get("reached") is True and isinstance(milestone.get("name"), str)
+    }
+
+
+# -- matching arguments ---------------------------------------------------------------------
+_PHONE = re.compile(r"^\+?[\d\s().\-]{7,}$")
+
+
+def _phone_digits(text: str) -> str | None:
+    """The digits of a phone number, without a leading ``1`` country code."""
+    if not _PHONE.match(text.strip()):
+        return None
+    digits = re.sub(r"\D", "", text)
+    return digits[1:] if len(digits) == 11 and digits.startswith("1") else digits
+
+
+def _normalise(text: str) -> str:
+    """Lower case, ``5pm`` -> ``5 pm``, hyphens and commas as spaces."""
+    text = text.casefold().replace("a.m.", "am").replace("p.m.", "pm")
+    text = re.sub(r"(\d)\s*(am|pm)\b", r"\1 \2", text)
+    return " ".join(re.sub(r"[-,]", " ", text).split())
+
+
+def _mentions(text: str, word: str) -> bool:
+    return re.search(r"(?<!\w)" + re.escape(_normalise(word)) + r"(?!\w)", _normalise(text)) is not None
+
+
+def _matches(role: str, given: Any, expected: Any) -> bool:
+    if role == "text":
+        return isinstance(given, str) and all(_mentions(given, word) for word in expected)
+    if role == "time":
+        return isinstance(given, (int, float)) and not isinstance(given, bool) and abs(given - expected) <= TIME_TOLERANCE_S
+    if isinstance(expected, str):
+        if not isinstance(given, str):
+            return False
+        digits = _phone_digits(expected)
+        return given.strip().casefold() == expected.strip().casefold() or (digits is not None and _phone_digits(given) == digits)
+    return type(given) is type(expected) and given == expected
+
+
+def agrees(call: Call, action: dict[str, Any], roles: Iterable[str]) -> bool:
+    """Whether ``call`` is the action's tool with every argument of the given roles as expected."""
+    if call.name != action["tool"] or call.arguments is None:
+        return False
+    return all(
+        _matches(role, call.arguments.get(name), action["arguments"][name])
+        for name, role in action["roles"].items() if role in roles
+    )
+
+
+def _with_role(evidence: dict[str, Any], *roles: str) -> list[dict[str, Any]]:
+    return [action for action in evidence.get("actions", []) if any(role in roles for role in action["roles"].values())]
+
+
+# -- the detectors --------------------------------------------------------------------------
+def permission_error_recovery(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed when the environment's state refuses some of the oracle's calls at first (``blockers``).
+
+    PRESENT when every blocked call succeeds in the trajectory (a successful call
+    of its tool with its literal arguments), which takes fixing the blocking state
+    first; LACKING when one never does (the agent gave up, or retried without the fix).
+    """
+    if "permission_error_recovery" not in evidence.get("needs", []):
+        return NA
+    made = calls(trajectory)
+    recovered = all(any(call.ok and agrees(call, blocker, ["literal"]) for call in made) for blocker in evidence["blockers"])
+    return PRESENT if recovered else LACKING
+
+
+def datetime_reasoning(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed when the task computes a timestamp (an action with a ``time`` argument) or reports a date or time (``time_reports``).
+
+    PRESENT when each time-carrying action the agent called was called at least once
+    with the expected timestamp (within 60 s) and every time report was reached;
+    LACKING when a time was wrong on every call, a time report was missed, or the
+    task has no time report and no time-carrying action was called.
+    """
+    if "datetime_reasoning" not in evidence.get("needs", []):
+        return NA
+    made, actions = calls(trajectory), _with_role(evidence, "time")
+    attempted = [action for action in actions if any(call.name == action["tool"] for call in made)]
+    right_times = all(any(agrees(call, action, ["time"]) for call in made) for action in attempted)
+    reports = evidence.get("time_reports", [])
+    exercised = bool(attempted or reports)
+    return PRESENT if exercised and right_times and set(reports) <= reached(trajectory) else LACKING
+
+
+def tool_calling_precision(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed when the task's actions take arguments spelled out by the request (``literal`` and ``text`` roles).
+
+    Judged on those actions whose tool the agent called: PRESENT when each got at
+    least one call with every literal argument equal to the expected value (case
+    and phone-number format aside) and every text argument containing its words;
+    LACKING when a called tool never got them right (wrong value, missing or
+    malformed arguments), or when the agent called none of those tools.
+    """
+    if "tool_calling_precision" not in evidence.get("needs", []):
+        return NA
+    made = calls(trajectory)
+    attempted = [action for action in _with_role(evidence, "literal", "text") if any(call.name == action["tool"] for call in made)]
+    precise = all(any(agrees(call, action, ["literal", "text"]) for call in made) for action in attempted)
+    return PRESENT if attempted and precise else LACKING
+
+
+def multi_step_task_completion(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed when the request asks for two or more actions (``requested`` actions).
+
+    PRESENT when the tool of every requested action was called successfully (with
+    any arguments: their precision is judged apart); LACKING when the agent stopped
+    before one of them.
+    """
+    if "multi_step_task_completion" not in evidence.get("needs", []):
+        return NA
+    done = {call.name for call in calls(trajectory) if call.ok}
+    requested = [action for action in evidence["actions"] if action["requested"]]
+    return PRESENT if all(action["tool"] in done for action in requested) else LACKING
+
+
+def precondition_verification(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed when a state change must follow checks (``prechecks``: tool -> read tools, or ``ask_user``).
+
+    PRESENT when the agent called a gated tool, and before its first call of each
+    gated tool every one of that tool's checks was made (a successful call of the
+    read tool; for ``ask_user`` a reply to the user with a question mark); LACKING
+    when it changed state without a required check, or made no gated change at all.
+    """
+    if "precondition_verification" not in evidence.get("needs", []):
+        return NA
+    prechecks: dict[str, list[str]] = evidence["prechecks"]
+    checked: set[str] = set()
+    changed = False
+    for event in events(trajectory):
+        if isinstance(event, str):
+            if "?" in event:
+                checked.add(ASK_USER)
+        elif event.name in prechecks:
+            if not set(prechecks[event.name]) <= checked:
+                return LACKING
+            changed = True
+        elif event.ok:
+            checked.add(event.name)
+    return PRESENT if changed else LACKING
+
+
+def structured_data_reasoning(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed when an action takes an ``entity`` from tool results or the answer is chosen among records (``choice_reports``).
+
+    An entity is e.g. a contact's number or a reminder's id. PRESENT when every call of an entity-taking tool that names the entity names
+    an expected one, at least one such call was made (unless the task only has
+    choice reports), and every choice report was reached; LACKING when the agent
+    picked a wrong entity even once, never used one, or reported a wrong choice.
+    """
+    if "structured_data_reasoning" not in evidence.get("needs", []):
+        return NA
+    actions = _with_role(evidence, "entity")
+    entity_arguments = {(action["tool"], name) for action in actions for name, role in action["roles"].items() if role == "entity"}
+    used = [
+        call for call in calls(trajectory)
+        if call.arguments is not None and any((call.name, name) in entity_arguments for name in call.arguments)
+    ]
+    right = all(any(agrees(call, action, ["entity"]) for action in actions) for call in used)
+    reports = evidence.get("choice_reports", [])
+    exercised = bool(used) or (not actions and bool(reports))
+    return PRESENT if exercised and right and set(reports) <= reached(trajectory) else LACKING
+
+
+def information_reporting(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed when the task has report milestones (``reports``: facts the reply must tell the user).
+
+    PRESENT when every report milestone was reached; LACKING when the user was
+    told nothing, or a wrong or incomplete fact (the state may be entirely right).
+    """
+    if "information_reporting" not in evidence.get("needs", []):
+        return NA
+    return PRESENT if set(evidence["reports"]) <= reached(trajectory) else LACKING
+
+
+CATALOGUE: dict[str, Capability] = {
+    capability.name: capability
+    for capability in (
+        Capability(
+            "permission_error_recovery",
+            "After a tool call is refused by the environment's state (a permission or no-service error), "
+            "fix the blocking setting and retry the call.",
+            permission_error_recovery,
+        ),
+        Capability(
+            "datetime_reasoning",
+            "Turn relative or absolute dates and times into the right timestamp, and timestamps into the right date, time or weekday.",
+            datetime_reasoning,
+        ),
+        Capability(
+            "tool_calling_precision",
+            "Call the right tool with the argument values the user asked for (settings, names, numbers, message words).",
+            tool_calling_precision,
+        ),
+        Capability(
+            "multi_step_task_completion",
+            "Carry out every action of a request that asks for several, instead of stopping after the first.",
+            multi_step_task_completion,
+        ),
+        Capability(
+            "precondition_verification",
+            "Make the required checks (look up the contact or reminder, read the clock, ask which one) before changing state.",
+            precondition_verification,
+        ),
+        Capability(
+            "structured_data_reasoning",
+            "Pick the right record from tool results (the intended contact, reminder or newest message) and use its fields.",
+            structured_data_reasoning,
+        ),
+        Capability(
+            "information_reporting",
+            "Tell the user the facts the task asks for and what had to be changed, correctly and in the final reply.",
+            information_reporting,
+        ),
+    )
+}
+
+
+def label_trajectories(
+    trajectories: list[Trajectory], evidence_by_task: dict[str, dict], names: list[str]
+) -> dict[str, dict[str, str]]:
+    """Capability -> trajectory id -> label; a task without evidence gets NA."""
+    unknown = [name for name in names if name not in CATALOGUE]
+    if unknown:
+        raise TraceRayError(f"unknown rule capabilities {', '.join(unknown)}; the catalogue has {', '.join(CATALOGUE)}")
+    return {
+        name: {
+            trajectory.id: CATALOGUE[name].detect(trajectory, evidence_by_task.get(trajectory.task_id, {}))
+            for trajectory in trajectories
+        }
+        for name in names
+    }

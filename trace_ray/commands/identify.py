@@ -1,0 +1,167 @@
+"""``trace-ray identify run_dir=...``: the capabilities whose absence explains the failures (TRACE step 1).
+
+Labels every collected trajectory per candidate capability (NA / PRESENT /
+LACKING) in N runs, aggregates them (``trace_ray/capabilities/aggregation.py``)
+and writes ``run_dir/capabilities/``: ``labels/run_XX.json`` and
+``labels/candidates.json`` (the reference's formats), ``all_capabilities.json``
+(every candidate) and ``selected.json`` (those kept). With ``-m`` over
+``selection.*`` the labels are made once and each setting is aggregated from
+them into ``sweep.parquet`` and ``sweep.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_ray.artifacts import atomic_scratch, write_json
+from trace_ray.capabilities.aggregation import Aggregation, SelectionSettings, aggregate
+from trace_ray.capabilities.labeling import (
+    cached_labeler, candidates_document, read_candidates, subsample_runs, trajectories_digest, write_labels,
+)
+from trace_ray.capabilities.run_files import RunFile, read_run_files
+from trace_ray.capabilities.trajectories import Trajectory, read_trajectories
+from trace_ray.config import TraceConfig
+from trace_ray.console import console, print_table
+from trace_ray.environment_setup import environment_maker
+from trace_ray.errors import TraceRayError
+
+HELP = "contrast the successes and failures in run_dir/trajectories and select the capabilities the failures lack"
+SHOWN_WARNINGS = 5
+
+
+def run(config: TraceConfig) -> None:
+    run_sweep([config])
+
+
+def run_sweep(configs: list[TraceConfig]) -> None:
+    """Label once, aggregate once per selection setting (one config: the full outputs; several: a sweep table)."""
+    first = configs[0]
+    if any((c.run_dir, c.labeler, c.env.name, c.seed) != (first.run_dir, first.labeler, first.env.name, first.seed) for c in configs):
+        raise TraceRayError("a sweep may vary only selection.* (labels are made once); run other changes separately")
+    trajectories = read_trajectories(first.run_dir)
+    check_contrast(trajectories, first)
+    runs, descriptions = labeled_runs(first, trajectories)
+    folder = Path(first.run_dir) / "capabilities"
+    if len(configs) == 1:
+        result = aggregate(runs, descriptions, SelectionSettings(**asdict(first.selection)))
+        write_outputs(folder, result)
+        report(result, first, folder)
+        return
+    write_sweep(folder, [(config.selection, aggregate(runs, descriptions, SelectionSettings(**asdict(config.selection)))) for config in configs])
+
+
+def check_contrast(trajectories: list[Trajectory], config: TraceConfig) -> None:
+    envs = sorted({trajectory.env for trajectory in trajectories})
+    if envs != [config.env.name]:
+        raise TraceRayError(f"{config.run_dir}/trajectories holds env={','.join(envs)} trajectories; pass env={envs[0]}")
+    successes = sum(trajectory.success for trajectory in trajectories)
+    failures = len(trajectories) - successes
+    if not successes or not failures:
+        raise TraceRayError(
+            f"contrastive analysis needs successes and failures, and {config.run_dir}/trajectories has {successes} successes "
+            f"and {failures} failures; collect more samples per task (samples_per_task=K, a higher temperature) or another split"
+        )
+
+
+def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[list[RunFile], dict[str, str]]:
+    """The labeler's run files and the candidates' descriptions (cached labels reused)."""
+    folder = Path(config.run_dir) / "capabilities" / "labels"
+    if config.labeler.name == "precomputed":
+        runs = read_run_files(folder)
+        return runs, read_candidates(folder)
+    from trace_ray.capabilities.rules import CATALOGUE, label_trajectories
+
+    env = environment_maker(config.env)()
+    names = env.capability_detectors()
+    if not names:
+        raise TraceRayError(f"env={config.env.name} declares no rule detectors; use labeler=precomputed with your own run files")
+    manifest = {
+        "labeler": "rules",
+        "capabilities": names,
+        "runs": config.labeler.runs,
+        "subsample_fraction": config.labeler.subsample_fraction,
+        "seed": config.seed,
+        "trajectories": trajectories_digest(trajectories),
+    }
+    if cached_labeler(folder) == manifest:
+        return read_run_files(folder), read_candidates(folder)
+    evidence = {t.task_id: env.capability_evidence(t.seed) for t in trajectories}
+    labels = label_trajectories(trajectories, evidence, names)
+    runs = subsample_runs(trajectories, labels, config.labeler.runs, config.labeler.subsample_fraction, config.seed)
+    descriptions = {name: CATALOGUE[name].description for name in names}
+    write_labels(folder, runs, candidates_document(descriptions, labels), manifest)
+    console.print(f"labeled {len(trajectories)} trajectories x {len(names)} capabilities in {len(runs)} runs: {folder}")
+    return runs, descriptions
+
+
+def write_outputs(folder: Path, result: Aggregation) -> None:
+    write_json(folder / "all_capabilities.json", [capability.to_json() for capability in result.all], sort_keys=False)
+    write_json(folder / "selected.json", [capability.to_json() for capability in result.selected], sort_keys=False)
+
+
+def _mean_std(mean: float | None, std: float | None) -> str:
+    return "-" if mean is None else f"{mean:.3f} ± {std:.3f}"
+
+
+def report(result: Aggregation, config: TraceConfig, folder: Path) -> None:
+    selection = config.selection
+    print_table(
+        f"capabilities (rho={selection.rho}, delta={selection.delta}, k={selection.k}, undefined rates: {selection.undefined_rate})",
+        ["capability", "Cov", "Delta", "runs passed", "ER- 95% CI", "ER+ 95% CI", "p", "kept"],
+        [
+            (
+                c.name,
+                _mean_std(c.mean_cov, c.std_cov),
+                _mean_std(c.mean_delta, c.std_delta),
+                f"{c.n_runs_passed}/{c.n_runs_total}",
+                _interval(c.er_minus_ci),
+                _interval(c.er_plus_ci),
+                "-" if c.p_value is None else f"{c.p_value:.3g}",
+                "yes" if c.passes_consistency else "no",
+            )
+            for c in result.all
+        ],
+    )
+    for warning in result.warnings[:SHOWN_WARNINGS]:
+        console.print(f"[yellow]warning:[/yellow] {warning}", markup=True, highlight=False)
+    if len(result.warnings) > SHOWN_WARNINGS:
+        console.print(f"... and {len(result.warnings) - SHOWN_WARNINGS} more warnings")
+    console.print(f"{len(result.selected)} of {len(result.all)} capabilities selected: {folder / 'selected.json'}")
+
+
+def _interval(interval: list[float] | None) -> str:
+    return "-" if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def write_sweep(folder: Path, results: list) -> None:
+    """``sweep.parquet`` and ``sweep.md``: the selected set per (rho, delta, k, undefined_rate)."""
+    rows = [
+        {
+            "rho": selection.rho,
+            "delta": selection.delta,
+            "k": selection.k,
+            "undefined_rate": selection.undefined_rate,
+            "n_selected": len(result.selected),
+            "selected": [capability.name for capability in result.selected],
+        }
+        for selection, result in results
+    ]
+    table = pa.Table.from_pylist(rows)
+    scratch = atomic_scratch(folder / "sweep.parquet")
+    pq.write_table(table, scratch)
+    Path(scratch).replace(folder / "sweep.parquet")
+    lines = ["| rho | delta | k | undefined_rate | selected |", "|---|---|---|---|---|"]
+    lines += [f"| {r['rho']} | {r['delta']} | {r['k']} | {r['undefined_rate']} | {', '.join(r['selected']) or '(none)'} |" for r in rows]
+    markdown = atomic_scratch(folder / "sweep.md")
+    Path(markdown).write_text("\n".join(lines) + "\n")
+    Path(markdown).replace(folder / "sweep.md")
+    print_table(
+        f"sweep over {len(rows)} selection settings",
+        ["rho", "delta", "k", "undefined_rate", "selected"],
+        [(r["rho"], r["delta"], r["k"], r["undefined_rate"], ", ".join(r["selected"]) or "(none)") for r in rows],
+    )
+    console.print(f"sweep table: {folder / 'sweep.parquet'}, {folder / 'sweep.md'}")

@@ -1,6 +1,7 @@
 """``trace-ray identify``: labels -> aggregation -> selected.json, sweeps from cached labels, bad inputs."""
 
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -184,3 +185,82 @@ def test_rules_labeler_never_overwrites_run_files_from_elsewhere(run_dir, capsys
     assert main(["identify", f"run_dir={run_dir}", "labeler=rules"]) == 1
     assert "holds run files this project did not write" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+class Analyst:
+    """An OpenAI-compatible endpoint on loopback standing in for the analysis model.
+
+    It proposes one candidate, ``acts_before_replying``, and labels it LACKING in
+    failed trajectories and PRESENT in successful ones (it reads the outcome
+    from the compacted trajectory in the prompt).
+    """
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        analyst = self
+        self.requests = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                analyst.requests += 1
+                prompt = body["messages"][-1]["content"]
+                if '"candidates"' in prompt:
+                    shown = sorted(set(re.findall(r"trajectory (device-\d+#\d+)", prompt)))
+                    answer = {"candidates": [{"name": "acts_before_replying", "description": "does the work first", "example_trajectories": shown[:2]}]}
+                else:
+                    failed = re.search(r"trajectory device-\d+#\d+: failure", prompt) is not None
+                    answer = {"labels": {"acts_before_replying": "LACKING" if failed else "PRESENT"}}
+                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": json.dumps(answer)}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_llm_labeler_proposes_labels_in_parallel_runs_and_selects(tmp_path, ray_session):
+    write_device_trajectories(tmp_path, range(0, 4), follow_oracle=True)
+    write_device_trajectories(tmp_path, range(4, 10), follow_oracle=False)
+    analyst = Analyst()
+    try:
+        llm = ["identify", f"run_dir={tmp_path}", "labeler=llm", f"labeler.base_url={analyst.url}", "labeler.model=analyst",
+               "labeler.runs=3", "selection.k=3"]
+        assert main(llm) == 0
+        assert analyst.requests == 1 + 3 * 10  # one proposal, then every trajectory in each of the 3 runs
+        [selected] = json.loads((tmp_path / "capabilities" / "selected.json").read_text())
+        assert (selected["name"], selected["mean_cov"], selected["mean_delta"], selected["n_runs_passed"]) == ("acts_before_replying", 1.0, 1.0, 3)
+        candidates = json.loads((tmp_path / "capabilities" / "labels" / "candidates.json").read_text())["candidates"]
+        assert candidates[0]["description"] == "does the work first" and len(candidates[0]["example_trajectories"]) == 2
+        assert main([*llm, "selection.delta=0.5"]) == 0 and analyst.requests == 31  # cached labels: no new request
+    finally:
+        analyst.close()
+
+
+def test_unreachable_labeler_endpoint_is_one_line_and_writes_nothing(tmp_path, capsys):
+    import socket
+
+    write_device_trajectories(tmp_path, [0], follow_oracle=True)
+    write_device_trajectories(tmp_path, [1], follow_oracle=False)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    status = main(["identify", f"run_dir={tmp_path}", "labeler=llm", f"labeler.base_url=http://127.0.0.1:{port}/v1",
+                   "labeler.model=analyst", "labeler.max_retries=1"])
+    err = capsys.readouterr().err
+    assert status == 1 and "cannot reach the labeler endpoint" in err and err.count("\n") == 1
+    assert not (tmp_path / "capabilities").exists()

@@ -20,7 +20,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TOOL_FORMATS = ("auto", "native", "text")
 SPLITS = ("analysis", "eval")
 ENGINES = ("hf", "vllm")
-LABELERS = ("rules", "precomputed")
+LABELERS = ("rules", "llm", "precomputed")
 
 
 @dataclass
@@ -103,9 +103,21 @@ class RolloutConfig:
 
 @dataclass
 class LabelerConfig:
-    name: str = MISSING  # rules | precomputed
-    runs: Optional[int] = None  # rules: labeling runs N (each a subsample of the trajectories)
+    name: str = MISSING  # rules | llm | precomputed
+    runs: Optional[int] = None  # rules, llm: labeling runs N
     subsample_fraction: Optional[float] = None  # rules: share of the successes and of the failures in each run
+    # llm: an OpenAI-compatible endpoint, the analysis model, the variable holding its API key,
+    # candidates proposed, sampling temperature, characters per compacted trajectory, repairs of an
+    # invalid answer, tries per request, request timeout
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    api_key_env: Optional[str] = None
+    max_candidates: Optional[int] = None
+    temperature: Optional[float] = None
+    max_chars: Optional[int] = None
+    max_repairs: Optional[int] = None
+    max_retries: Optional[int] = None
+    timeout_s: Optional[float] = None
 
 
 @dataclass
@@ -181,8 +193,15 @@ def validate(config: TraceConfig) -> TraceConfig:
     _require(0 < config.top_p <= 1, f"top_p must be in (0, 1], got {config.top_p}")
     labeler = config.labeler
     _require(labeler.name in LABELERS, f"labeler={labeler.name!r} is not one of {', '.join(LABELERS)}")
-    if labeler.name == "rules":
+    if labeler.name in ("rules", "llm"):
         _require(labeler.runs is not None and labeler.runs >= 1, f"labeler.runs must be >= 1, got {labeler.runs}")
+    if labeler.name == "llm":
+        _require(bool(labeler.base_url) and bool(labeler.model), "labeler=llm needs labeler.base_url=http://HOST:PORT/v1 and labeler.model=NAME")
+        _require(labeler.max_candidates is not None and labeler.max_candidates >= 1, "labeler.max_candidates must be >= 1")
+        for key in ("max_chars", "max_retries", "timeout_s"):
+            _require((getattr(labeler, key) or 0) > 0, f"labeler.{key} must be > 0, got {getattr(labeler, key)}")
+        _require((labeler.max_repairs or 0) >= 0 and (labeler.temperature or 0) >= 0, "labeler.max_repairs and labeler.temperature must be >= 0")
+    if labeler.name == "rules":
         _require(
             labeler.subsample_fraction is not None and 0 < labeler.subsample_fraction <= 1,
             f"labeler.subsample_fraction must be in (0, 1], got {labeler.subsample_fraction}",

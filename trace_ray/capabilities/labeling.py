@@ -1,5 +1,6 @@
 """Labeling runs: per-trajectory labels -> N run files, cached in ``run_dir/capabilities/labels/``.
 
+The LLM labeler's N runs label every trajectory and differ by sampling seed.
 The rules labeler is deterministic, so its N runs differ by the trajectories
 they see: each run is a subsample, without replacement, of the successes and
 of the failures (``subsample_fraction`` of each). k-of-N then measures how
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_ray.artifacts import write_json
-from trace_ray.capabilities.run_files import RunFile, write_run_file
+from trace_ray.capabilities.run_files import LABEL_LISTS, RunFile, write_run_file
 from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
 from trace_ray.errors import TraceRayError
 
@@ -40,25 +41,34 @@ def trajectories_digest(trajectories: list[Trajectory]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def run_file(attempt: int, failed: list[str], passed: list[str], labels: dict[str, dict[str, str]]) -> RunFile:
+    """The run file of one labeling run over the ``failed`` and ``passed`` trajectory ids."""
+    run_labels = {}
+    for capability, by_trajectory in labels.items():
+        lists: dict[str, list[str]] = {key: [] for key in LABEL_LISTS}
+        for outcome, ids in (("failed", failed), ("passed", passed)):
+            for trajectory_id in ids:
+                lists[f"{_LIST_NAME[by_trajectory[trajectory_id]]}_{outcome}"].append(trajectory_id)
+        run_labels[capability] = lists
+    return RunFile(attempt, len(failed), len(passed), run_labels, source=f"run_{attempt:02d}.json")
+
+
+def outcome_ids(trajectories: list[Trajectory]) -> tuple[list[str], list[str]]:
+    """(failed ids, passed ids), sorted."""
+    return sorted(t.id for t in trajectories if not t.success), sorted(t.id for t in trajectories if t.success)
+
+
 def subsample_runs(
     trajectories: list[Trajectory], labels: dict[str, dict[str, str]], runs: int, fraction: float, seed: int
 ) -> list[RunFile]:
     """N run files, run i labeling a seeded subsample of the successes and of the failures."""
-    successes = sorted(t.id for t in trajectories if t.success)
-    failures = sorted(t.id for t in trajectories if not t.success)
+    failures, successes = outcome_ids(trajectories)
     files = []
     for attempt in range(runs):
         rng = random.Random(f"{seed}:{attempt}")
         chosen_failed = sorted(rng.sample(failures, max(1, math.ceil(fraction * len(failures)))))
         chosen_passed = sorted(rng.sample(successes, max(1, math.ceil(fraction * len(successes)))))
-        run_labels = {}
-        for capability, by_trajectory in labels.items():
-            lists: dict[str, list[str]] = {f"{label}_{outcome}": [] for label in _LIST_NAME.values() for outcome in ("failed", "passed")}
-            for outcome, ids in (("failed", chosen_failed), ("passed", chosen_passed)):
-                for trajectory_id in ids:
-                    lists[f"{_LIST_NAME[by_trajectory[trajectory_id]]}_{outcome}"].append(trajectory_id)
-            run_labels[capability] = {key: lists[key] for key in ("lacking_failed", "present_failed", "na_failed", "lacking_passed", "present_passed", "na_passed")}
-        files.append(RunFile(attempt, len(chosen_failed), len(chosen_passed), run_labels, source=f"run_{attempt:02d}.json"))
+        files.append(run_file(attempt, chosen_failed, chosen_passed, labels))
     return files
 
 

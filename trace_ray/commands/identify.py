@@ -11,6 +11,7 @@ them into ``sweep.parquet`` and ``sweep.md``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import pyarrow.parquet as pq
 from trace_ray.artifacts import atomic_scratch, write_json
 from trace_ray.capabilities.aggregation import Aggregation, SelectionSettings, aggregate
 from trace_ray.capabilities.labeling import (
-    cached_labeler, candidates_document, read_candidates, subsample_runs, trajectories_digest, write_labels,
+    cached_labeler, candidates_document, outcome_ids, read_candidates, run_file, subsample_runs, trajectories_digest,
+    write_labels,
 )
 from trace_ray.capabilities.run_files import RunFile, read_run_files
 from trace_ray.capabilities.trajectories import Trajectory, read_trajectories
@@ -73,6 +75,8 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
     if config.labeler.name == "precomputed":
         runs = read_run_files(folder)
         return runs, read_candidates(folder)
+    if config.labeler.name == "llm":
+        return llm_runs(config, trajectories, folder)
     from trace_ray.capabilities.rules import CATALOGUE, label_trajectories
 
     env = environment_maker(config.env)()
@@ -95,6 +99,43 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
     descriptions = {name: CATALOGUE[name].description for name in names}
     write_labels(folder, runs, candidates_document(descriptions, labels), manifest)
     console.print(f"labeled {len(trajectories)} trajectories x {len(names)} capabilities in {len(runs)} runs: {folder}")
+    return runs, descriptions
+
+
+def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) -> tuple[list[RunFile], dict[str, str]]:
+    """Candidates proposed once; N labeling runs (seeds seed, seed+1, ...) as parallel Ray tasks."""
+    import ray
+
+    from actors.rollout_coordinator import connect_ray
+    from trace_ray.capabilities.llm_labeler import LLMClient, label_trajectories_llm, propose_candidates
+
+    labeler = config.labeler
+    settings = {key: getattr(labeler, key) for key in ("base_url", "model", "max_candidates", "temperature", "max_chars", "runs")}
+    manifest = {"labeler": "llm", **settings, "seed": config.seed, "trajectories": trajectories_digest(trajectories)}
+    if cached_labeler(folder) == manifest:
+        return read_run_files(folder), read_candidates(folder)
+    client = LLMClient(labeler.base_url, labeler.model, os.environ.get(labeler.api_key_env or ""), labeler.timeout_s, labeler.max_retries)
+    proposed = propose_candidates(
+        client, trajectories, labeler.max_candidates, config.seed, labeler.temperature, labeler.max_chars, labeler.max_repairs
+    )
+    descriptions = {name: entry["description"] for name, entry in proposed.items()}
+    connect_ray(config)
+    label_run = ray.remote(num_cpus=0.1)(label_trajectories_llm)
+    references = [
+        label_run.remote(client, trajectories, descriptions, config.seed + attempt, labeler.temperature, labeler.max_chars, labeler.max_repairs)
+        for attempt in range(labeler.runs)
+    ]
+    try:
+        labels = ray.get(references)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, TraceRayError):
+            raise TraceRayError(str(exc.cause.args[0])) from None
+        raise
+    failed, passed = outcome_ids(trajectories)
+    runs = [run_file(attempt, failed, passed, run_labels) for attempt, run_labels in enumerate(labels)]
+    candidates = {"candidates": [{"name": name, **entry} for name, entry in proposed.items()]}
+    write_labels(folder, runs, candidates, manifest)
+    console.print(f"labeled {len(trajectories)} trajectories x {len(descriptions)} capabilities in {len(runs)} runs: {folder}")
     return runs, descriptions
 
 

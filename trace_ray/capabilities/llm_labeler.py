@@ -1,0 +1,334 @@
+"""The LLM labeler (``labeler=llm``): an analysis model proposes candidate capabilities, then labels trajectories.
+
+The model sits behind any OpenAI-compatible endpoint (vLLM's server, a hosted
+API). It first proposes up to N candidates from compacted successes and
+failures, then labels every (trajectory, capability) pair NA, PRESENT or
+LACKING, one request per trajectory. Each answer must be strict JSON of a
+fixed schema; an invalid one is sent back with the validation error for a
+corrected answer, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import random
+import re
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+
+from trace_ray.capabilities.trajectories import LABELS, Trajectory
+from trace_ray.errors import TraceRayError
+
+RESULT_CHARS = 300  # a tool call's arguments and result, each, in a compacted trajectory
+CUT_MARKER = "\n[... cut ...]\n"
+PROPOSAL_PROMPT_CHARS = 60_000  # the trajectories shown to propose candidates, in all
+PROPOSAL_MAX_PER_OUTCOME = 8
+MAX_EXAMPLES = 4
+ERROR_CHARS = 200
+_SNAKE_CASE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class LabelerError(TraceRayError):
+    """The labeler endpoint or model failed; the message names the cause and the fix."""
+
+
+def _one_line(text: str, limit: int = ERROR_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _server_message(body: bytes) -> str:
+    """The error message of an OpenAI-style error body, else the body itself."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        return _one_line(text)
+    error = document.get("error", document) if isinstance(document, dict) else document
+    message = error.get("message", error) if isinstance(error, dict) else error
+    return _one_line(message if isinstance(message, str) else json.dumps(message))
+
+
+class LLMClient:
+    """Chat completions from an OpenAI-compatible endpoint; transport failures retried with exponential backoff."""
+
+    def __init__(
+        self, base_url: str, model: str, api_key: str | None,
+        timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 1.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.max_retries = max(1, max_retries)  # tries in all
+        self.backoff_s = backoff_s
+
+    def chat(self, messages: list[dict], seed: int, temperature: float) -> str:
+        """The content of the model's answer to ``messages`` (a JSON object is requested)."""
+        body = json.dumps({
+            "model": self.model, "messages": messages, "seed": seed, "temperature": temperature,
+            "response_format": {"type": "json_object"},
+        }).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        try:
+            request = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, headers=headers, method="POST")
+        except ValueError:
+            raise LabelerError(f"labeler.base_url={self.base_url!r} is not a URL; use e.g. http://127.0.0.1:8000/v1") from None
+        reason = ""
+        for attempt in range(self.max_retries):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    return self._content(response.read())
+            except urllib.error.HTTPError as error:
+                reason = f"HTTP {error.code}: {_server_message(error.read())}"
+                if error.code != 429 and error.code < 500:
+                    raise LabelerError(
+                        f"the labeler endpoint {self.base_url} rejected the request ({reason}); "
+                        "fix labeler.model or the key in the variable labeler.api_key_env names, or lower labeler.max_chars"
+                    ) from None
+            except urllib.error.URLError as error:
+                reason = self._reason(error.reason)
+            except (OSError, http.client.HTTPException) as error:
+                reason = self._reason(error)
+        raise LabelerError(
+            f"cannot reach the labeler endpoint {self.base_url} ({reason}) after {self.max_retries} tries; "
+            "start the server or fix labeler.base_url"
+        )
+
+    def _reason(self, error: object) -> str:
+        if isinstance(error, TimeoutError):
+            return f"timed out after {self.timeout_s:g} s"
+        if isinstance(error, OSError) and error.strerror:
+            return error.strerror
+        return _one_line(str(error) or type(error).__name__)
+
+    def _content(self, body: bytes) -> str:
+        try:
+            content = json.loads(body)["choices"][0]["message"]["content"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, IndexError, TypeError):
+            raise LabelerError(
+                f"the labeler endpoint {self.base_url} answered without choices[0].message.content; "
+                "point labeler.base_url at an OpenAI-compatible API (ending in /v1)"
+            ) from None
+        return content if isinstance(content, str) else ""
+
+
+# -- compacting trajectories ------------------------------------------------------------------
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+def compact_trajectory(trajectory: Trajectory, max_chars: int) -> str:
+    """One trajectory as prompt text: outcome, request, tool calls with results, final reply.
+
+    A text over ``max_chars`` loses its middle (the request and the final reply
+    matter most), replaced by a marker.
+    """
+    outcome = "success" if trajectory.success else "failure"
+    lines = [f"trajectory {trajectory.id}: {outcome} (reward {trajectory.reward:.2f}, {trajectory.termination})"]
+    messages = [m for m in trajectory.messages if isinstance(m, dict)] if isinstance(trajectory.messages, list) else []
+    replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and not m.get("tool_calls")]
+    for index, message in enumerate(messages):
+        role, content = message.get("role"), _text(message.get("content"))
+        if role == "user":
+            lines.append(f"user: {content}")
+        elif role == "tool":
+            lines.append(f"  -> {_clip(content, RESULT_CHARS)}")
+        elif role == "assistant":
+            speaker = "final reply" if replies and index == replies[-1] else "assistant"
+            if content:
+                lines.append(f"{speaker}: {content}")
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") if isinstance(call, dict) else None
+                function = function if isinstance(function, dict) else {}
+                arguments = _text(function.get("arguments"))
+                lines.append(f"call {function.get('name', '?')}({_clip(arguments, RESULT_CHARS)})")
+    text = "\n".join(lines)
+    if len(text) <= max_chars:
+        return text
+    keep = max(0, max_chars - len(CUT_MARKER))
+    head = keep * 2 // 3
+    return text[:head] + CUT_MARKER + text[len(text) - (keep - head):]
+
+
+# -- asking for strict JSON -------------------------------------------------------------------
+def _parse_json(answer: str) -> Any:
+    """The JSON in ``answer`` (a surrounding ``` fence tolerated); raises ValueError."""
+    text = answer.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, flags=re.DOTALL)
+    try:
+        return json.loads(fenced.group(1) if fenced else text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"the answer is not valid JSON ({error})") from None
+
+
+def _ask(
+    client: LLMClient, messages: list[dict], seed: int, temperature: float,
+    validate: Callable[[Any], Any], max_repairs: int, what: str,
+) -> Any:
+    """``validate``'s result for the model's answer, after at most ``max_repairs`` corrections."""
+    messages = list(messages)
+    for repair in range(max_repairs + 1):
+        answer = client.chat(messages, seed=seed, temperature=temperature)
+        try:
+            return validate(_parse_json(answer))
+        except ValueError as error:
+            problem = str(error)
+        messages += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": f"Your answer is invalid: {problem}. Reply with the corrected JSON only."},
+        ]
+    raise LabelerError(
+        f"the labeler model's {what} stayed invalid after {max_repairs} repairs ({_one_line(problem)}); "
+        "use a stronger labeler.model or allow more labeler.max_repairs"
+    )
+
+
+# -- proposing candidates ---------------------------------------------------------------------
+PROPOSE_SYSTEM = (
+    "You analyse trajectories of an LLM agent that uses tools to carry out user requests. "
+    "Contrast the successful and the failed trajectories and name the capabilities the agent lacks in the failures: "
+    "general skills (such as recovering from a tool error or computing a date), not single tasks. "
+    "Answer with strict JSON only."
+)
+
+
+def _shown(trajectories: list[Trajectory], max_chars: int, seed: int) -> list[Trajectory]:
+    """A seeded, balanced sample of failures and successes that fits the proposal prompt."""
+    per_outcome = max(1, min(PROPOSAL_MAX_PER_OUTCOME, PROPOSAL_PROMPT_CHARS // (2 * max_chars)))
+    rng = random.Random(seed)
+    shown = []
+    for success in (False, True):
+        group = sorted((t for t in trajectories if t.success == success), key=lambda t: t.id)
+        shown += sorted(rng.sample(group, min(per_outcome, len(group))), key=lambda t: t.id)
+    return shown
+
+
+def _candidates_validator(max_candidates: int, known_ids: set[str]) -> Callable[[Any], dict[str, dict]]:
+    def validate(document: Any) -> dict[str, dict]:
+        entries = document.get("candidates") if isinstance(document, dict) else None
+        if not isinstance(entries, list):
+            raise ValueError('the answer must be an object {"candidates": [...]}')
+        if not 1 <= len(entries) <= max_candidates:
+            raise ValueError(f"give 1 to {max_candidates} candidates, not {len(entries)}")
+        found: dict[str, dict] = {}
+        for number, entry in enumerate(entries, start=1):
+            if not isinstance(entry, dict):
+                raise ValueError(f"candidate {number} is not an object")
+            name, description, examples = entry.get("name"), entry.get("description"), entry.get("example_trajectories")
+            if not isinstance(name, str) or not _SNAKE_CASE.match(name):
+                raise ValueError(f"candidate {number} name {name!r} is not snake_case (^[a-z][a-z0-9_]*$)")
+            if name in found:
+                raise ValueError(f"candidate name {name!r} appears twice")
+            if not isinstance(description, str) or not description.strip():
+                raise ValueError(f"candidate {name!r} needs a non-empty description string")
+            if not isinstance(examples, list) or not examples or not all(isinstance(i, str) for i in examples):
+                raise ValueError(f"candidate {name!r} needs example_trajectories, a non-empty list of trajectory ids")
+            unknown = [i for i in examples if i not in known_ids]
+            if unknown:
+                raise ValueError(f"candidate {name!r} cites unknown trajectory ids {unknown}; use only the ids shown")
+            found[name] = {"description": description.strip(), "example_trajectories": examples}
+        return found
+
+    return validate
+
+
+def propose_candidates(
+    client: LLMClient, trajectories: list[Trajectory], max_candidates: int,
+    seed: int, temperature: float, max_chars: int, max_repairs: int = 2,
+) -> dict[str, dict]:
+    """Name -> {"description", "example_trajectories"}: up to ``max_candidates`` capabilities the failures lack."""
+    if not trajectories:
+        raise LabelerError("no trajectories to propose capabilities from; run trace-ray collect first")
+    shown = _shown(trajectories, max_chars, seed)
+    sections = [
+        f"{title} trajectories:\n\n" + "\n\n".join(compact_trajectory(t, max_chars) for t in group)
+        for title, group in (("Failed", [t for t in shown if not t.success]), ("Successful", [t for t in shown if t.success]))
+        if group
+    ]
+    request = (
+        "\n\n".join(sections)
+        + f"\n\nPropose at most {max_candidates} candidate capabilities that the failed trajectories lack and the "
+        "successful ones show. Answer with strict JSON only, of this form:\n"
+        '{"candidates": [{"name": "snake_case_name", "description": "one sentence: what the agent must be able to do", '
+        f'"example_trajectories": ["2 to {MAX_EXAMPLES} ids of the trajectories above that lack it"]}}]}}\n'
+        "Names are unique and snake_case (lower-case letters, digits, underscores, starting with a letter)."
+    )
+    messages = [{"role": "system", "content": PROPOSE_SYSTEM}, {"role": "user", "content": request}]
+    validate = _candidates_validator(max_candidates, {t.id for t in shown})
+    return _ask(client, messages, seed, temperature, validate, max_repairs, "candidates")
+
+
+# -- labeling trajectories --------------------------------------------------------------------
+LABEL_SYSTEM = (
+    "You judge one trajectory of an LLM agent that uses tools to carry out a user request. "
+    "For each capability give one label:\n"
+    "NA: the task does not need the capability;\n"
+    "PRESENT: the task needs it and the agent exercised it;\n"
+    "LACKING: the task needs it but the agent did not exercise it (or got it wrong).\n"
+    "Answer with strict JSON only."
+)
+
+
+def seed_offset(trajectory_id: str) -> int:
+    """A stable offset for a trajectory's labeling seed, from its id."""
+    return int(hashlib.sha256(trajectory_id.encode()).hexdigest()[:7], 16)
+
+
+def _labels_validator(names: list[str]) -> Callable[[Any], dict[str, str]]:
+    def validate(document: Any) -> dict[str, str]:
+        labels = document.get("labels") if isinstance(document, dict) else None
+        if not isinstance(labels, dict):
+            raise ValueError('the answer must be an object {"labels": {capability: label}}')
+        unknown = [name for name in labels if name not in names]
+        if unknown:
+            raise ValueError(f"unknown capabilities {unknown}; label exactly {names}")
+        missing = [name for name in names if name not in labels]
+        if missing:
+            raise ValueError(f"missing capabilities {missing}; label every one of {names}")
+        result = {}
+        for name in names:
+            value = labels[name]
+            if not isinstance(value, str) or value.strip().upper() not in LABELS:
+                raise ValueError(f"label {value!r} of {name!r} is not one of NA, PRESENT, LACKING")
+            result[name] = value.strip().upper()
+        return result
+
+    return validate
+
+
+def label_trajectories_llm(
+    client: LLMClient, trajectories: list[Trajectory], candidates: dict[str, str],
+    seed: int, temperature: float, max_chars: int, max_repairs: int = 2,
+) -> dict[str, dict[str, str]]:
+    """Capability -> trajectory id -> label, one request per trajectory (seed + the trajectory's offset)."""
+    names = list(candidates)
+    dictionary = json.dumps(candidates, indent=1)
+    validate = _labels_validator(names)
+    labels: dict[str, dict[str, str]] = {name: {} for name in names}
+    for trajectory in trajectories:
+        request = (
+            f"Capabilities (name: description):\n{dictionary}\n\n{compact_trajectory(trajectory, max_chars)}\n\n"
+            'Label every capability above, and no other, with NA, PRESENT or LACKING. Answer with strict JSON only: '
+            '{"labels": {"capability_name": "NA" | "PRESENT" | "LACKING"}}'
+        )
+        messages = [{"role": "system", "content": LABEL_SYSTEM}, {"role": "user", "content": request}]
+        found = _ask(client, messages, seed + seed_offset(trajectory.id), temperature, validate, max_repairs,
+                     f"labels of {trajectory.id}")
+        for name, label in found.items():
+            labels[name][trajectory.id] = label
+    return labels

@@ -177,6 +177,10 @@ def test_rules_labeler_labels_once_and_selects_what_the_failures_lack(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in labels.iterdir()} == before
     assert main([*rules, "labeler.runs=4", "selection.k=4"]) == 0  # new labeler settings: relabeled
     assert len(list(labels.glob("run_*.json"))) == 4
+    for plot in ("cov_vs_delta.png", "label_counts.png"):
+        assert (tmp_path / "capabilities" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rules_labels = json.loads((tmp_path / "capabilities" / "trajectory_labels" / "rules.json").read_text())
+    assert set(rules_labels["multi_step_task_completion"].values()) <= {"NA", "PRESENT", "LACKING"}
 
 
 def test_rules_labeler_never_overwrites_run_files_from_elsewhere(run_dir, capsys):
@@ -190,7 +194,8 @@ def test_rules_labeler_never_overwrites_run_files_from_elsewhere(run_dir, capsys
 class Analyst:
     """An OpenAI-compatible endpoint on loopback standing in for the analysis model.
 
-    It proposes one candidate, ``acts_before_replying``, and labels it LACKING in
+    It proposes one candidate, ``multi_step_task_completion`` (a name the rules
+    catalogue also has), and labels it LACKING in
     failed trajectories and PRESENT in successful ones (it reads the outcome
     from the compacted trajectory in the prompt).
     """
@@ -209,10 +214,10 @@ class Analyst:
                 prompt = body["messages"][-1]["content"]
                 if '"candidates"' in prompt:
                     shown = sorted(set(re.findall(r"trajectory (device-\d+#\d+)", prompt)))
-                    answer = {"candidates": [{"name": "acts_before_replying", "description": "does the work first", "example_trajectories": shown[:2]}]}
+                    answer = {"candidates": [{"name": "multi_step_task_completion", "description": "does the work first", "example_trajectories": shown[:2]}]}
                 else:
                     failed = re.search(r"trajectory device-\d+#\d+: failure", prompt) is not None
-                    answer = {"labels": {"acts_before_replying": "LACKING" if failed else "PRESENT"}}
+                    answer = {"labels": {"multi_step_task_completion": "LACKING" if failed else "PRESENT"}}
                 data = json.dumps({"choices": [{"message": {"role": "assistant", "content": json.dumps(answer)}}]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -243,10 +248,14 @@ def test_llm_labeler_proposes_labels_in_parallel_runs_and_selects(tmp_path, ray_
         assert main(llm) == 0
         assert analyst.requests == 1 + 3 * 10  # one proposal, then every trajectory in each of the 3 runs
         [selected] = json.loads((tmp_path / "capabilities" / "selected.json").read_text())
-        assert (selected["name"], selected["mean_cov"], selected["mean_delta"], selected["n_runs_passed"]) == ("acts_before_replying", 1.0, 1.0, 3)
+        assert (selected["name"], selected["mean_cov"], selected["mean_delta"], selected["n_runs_passed"]) == ("multi_step_task_completion", 1.0, 1.0, 3)
         candidates = json.loads((tmp_path / "capabilities" / "labels" / "candidates.json").read_text())["candidates"]
         assert candidates[0]["description"] == "does the work first" and len(candidates[0]["example_trajectories"]) == 2
         assert main([*llm, "selection.delta=0.5"]) == 0 and analyst.requests == 31  # cached labels: no new request
+        assert not (tmp_path / "capabilities" / "agreement.json").exists()
+        assert main(["identify", f"run_dir={tmp_path}", "labeler.runs=3", "selection.k=3"]) == 0  # now the rules labeler
+        kappas = json.loads((tmp_path / "capabilities" / "agreement.json").read_text())
+        assert list(kappas) == ["multi_step_task_completion"] and -1.0 <= kappas["multi_step_task_completion"] <= 1.0
     finally:
         analyst.close()
 

@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_ray.artifacts import atomic_scratch, write_json
+from trace_ray.capabilities import plots
+from trace_ray.capabilities.agreement import agreement
 from trace_ray.capabilities.aggregation import Aggregation, SelectionSettings, aggregate
 from trace_ray.capabilities.labeling import (
     cached_labeler, candidates_document, outcome_ids, read_candidates, run_file, subsample_runs, trajectories_digest,
@@ -51,7 +53,10 @@ def run_sweep(configs: list[TraceConfig]) -> None:
     if len(configs) == 1:
         result = aggregate(runs, descriptions, SelectionSettings(**asdict(first.selection)))
         write_outputs(folder, result)
+        plots.cov_vs_delta(result, first.selection.rho, first.selection.delta, folder / "cov_vs_delta.png")
+        plots.label_counts(runs, [capability.name for capability in result.all], folder / "label_counts.png")
         report(result, first, folder)
+        report_agreement(folder)
         return
     write_sweep(folder, [(config.selection, aggregate(runs, descriptions, SelectionSettings(**asdict(config.selection)))) for config in configs])
 
@@ -98,6 +103,7 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
     runs = subsample_runs(trajectories, labels, config.labeler.runs, config.labeler.subsample_fraction, config.seed)
     descriptions = {name: CATALOGUE[name].description for name in names}
     write_labels(folder, runs, candidates_document(descriptions, labels), manifest)
+    save_trajectory_labels(folder.parent, "rules", labels)
     console.print(f"labeled {len(trajectories)} trajectories x {len(names)} capabilities in {len(runs)} runs: {folder}")
     return runs, descriptions
 
@@ -135,8 +141,42 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     runs = [run_file(attempt, failed, passed, run_labels) for attempt, run_labels in enumerate(labels)]
     candidates = {"candidates": [{"name": name, **entry} for name, entry in proposed.items()]}
     write_labels(folder, runs, candidates, manifest)
+    save_trajectory_labels(folder.parent, "llm", majority_labels(labels))
     console.print(f"labeled {len(trajectories)} trajectories x {len(descriptions)} capabilities in {len(runs)} runs: {folder}")
     return runs, descriptions
+
+
+def save_trajectory_labels(folder: Path, labeler: str, labels: dict[str, dict[str, str]]) -> None:
+    """Each labeler's per-trajectory labels, kept beside the active run files for agreement."""
+    write_json(folder / "trajectory_labels" / f"{labeler}.json", labels)
+
+
+def majority_labels(runs_labels: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:
+    """Per capability and trajectory, the label most runs gave (ties: the earliest run's)."""
+    from collections import Counter
+
+    first = runs_labels[0]
+    return {
+        capability: {
+            trajectory: Counter(run[capability][trajectory] for run in runs_labels).most_common(1)[0][0]
+            for trajectory in first[capability]
+        }
+        for capability in first
+    }
+
+
+def report_agreement(folder: Path) -> None:
+    """Cohen's kappa per shared capability when both the rules and the LLM labeler labelled these trajectories."""
+    import json
+
+    files = {name: folder / "trajectory_labels" / f"{name}.json" for name in ("rules", "llm")}
+    if not all(path.exists() for path in files.values()):
+        return
+    kappas = agreement(*(json.loads(path.read_text()) for path in files.values()))
+    write_json(folder / "agreement.json", kappas)
+    if kappas:
+        print_table("rules vs LLM labels (Cohen's kappa)", ["capability", "kappa"],
+                    [(name, "-" if kappa is None else f"{kappa:.2f}") for name, kappa in kappas.items()])
 
 
 def write_outputs(folder: Path, result: Aggregation) -> None:

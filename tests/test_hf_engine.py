@@ -153,3 +153,22 @@ def test_batch_holds_at_most_max_batch_rows(tiny_model):
     prompts = prompts_for(tokenizer, ["one", "two", "three", "four", "five"])
     generations = engine.generate(prompts, SamplingParams(0.0, 1.0, 6))
     assert len(generations) == 5 and max(seen) == 2
+
+
+def test_next_turn_reuses_the_finished_generation_cache_with_the_same_results(tiny_model):
+    network, tokenizer = tiny_model
+    prompt = prompts_for(tokenizer, ["Turn on wifi please"])[0]
+    params = SamplingParams(temperature=0.8, top_p=1.0, max_new_tokens=12, seed=3)
+    engine = HFEngine(network, tokenizer)
+    [first] = engine.generate([prompt], params)
+    ((adapter, kept),) = engine._continuations  # prompt + reply but its last (never fed) token
+    assert adapter is None and list(kept) == prompt + first.token_ids[:-1]
+    next_prompt = prompt + first.token_ids + tokenizer.encode("<|im_start|>user\nThanks, and bluetooth?<|im_end|>\n<|im_start|>assistant\n")
+    prefills = []
+    forward = engine._forward
+    engine._forward = lambda names, **inputs: (prefills.append(inputs["input_ids"].shape[1]), forward(names, **inputs))[1]
+    [second] = engine.generate([next_prompt], params)
+    assert prefills[0] == len(next_prompt) - len(kept)  # only the new tokens were prefilled
+    [fresh] = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate([next_prompt], params)
+    assert second.token_ids == fresh.token_ids
+    assert torch.allclose(torch.tensor(second.logprobs), torch.tensor(fresh.logprobs), atol=1e-4)

@@ -9,6 +9,9 @@ KV cache; positions are given explicitly, so padding never shifts them.
 Agent prompts share a long prefix (policy, tool list, worked example): on a
 CPU its prefill dominates. The engine keeps the KV cache of recent shared
 prefixes (per adapter version) and prefills only each prompt's own suffix.
+It also keeps the KV cache of finished generations for a while: an
+episode's next prompt extends its last one (the reply and the environment's
+answer appended), so only the new tokens are prefilled.
 
 Adapters are PEFT LoRA adapters held beside the frozen base model, each
 known by ``(name, version)``. Replacing or unloading an adapter never
@@ -24,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import torch
+from transformers import DynamicCache
 
 from trace_ray.engines.base import AdapterRef, Generation, SamplingParams
 from trace_ray.engines.cpu_attention import use_grouped_attention
@@ -33,6 +37,7 @@ from trace_ray.errors import TraceRayError
 
 MIN_CACHED_PREFIX = 32  # shorter shared prefixes are cheaper to recompute than to copy
 PREFIX_CACHE_ENTRIES = 4
+CONTINUATION_CACHE_TOKENS = 32768  # tokens of finished generations kept for the episodes' next turns
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 
 
@@ -84,7 +89,14 @@ class _Row:
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, stop_token_ids: list[int] | None = None, max_batch_rows: int = 32):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        stop_token_ids: list[int] | None = None,
+        max_batch_rows: int = 32,
+        continuation_cache_tokens: int = CONTINUATION_CACHE_TOKENS,
+    ):
         self.base_model = model
         if self.device.type == "cpu":
             use_grouped_attention(model)
@@ -98,6 +110,9 @@ class HFEngine:
         self._loads = 0
         self._prefix_caches: OrderedDict[tuple, object] = OrderedDict()
         self._recent_prompt: dict[AdapterRef | None, list[int]] = {}
+        self.continuation_cache_tokens = continuation_cache_tokens
+        self._continuations: OrderedDict[tuple, list] = OrderedDict()  # (adapter, tokens) -> per-layer (keys, values)
+        self._continuation_tokens = 0
         self._rows: list[_Row] = []
         self._cache = None  # KV cache of the running batch
         self._mask: torch.Tensor | None = None  # [rows, cache width]: 1 on real tokens
@@ -180,6 +195,9 @@ class HFEngine:
     def _drop_prefix_caches(self, name: str) -> None:
         for key in [key for key in self._prefix_caches if key[0] and key[0][0] == name]:
             del self._prefix_caches[key]
+        for key in [key for key in self._continuations if key[0] and key[0][0] == name]:
+            self._continuation_tokens -= len(key[1])
+            del self._continuations[key]
 
     def _peft_name(self, adapter: AdapterRef | None) -> str | None:
         if adapter is None:
@@ -219,13 +237,21 @@ class HFEngine:
                 continue
             groups.setdefault(request.adapter, []).append(request)
         for adapter, group in groups.items():
-            ended += self._admit_group(adapter, group)
+            fresh = []
+            for request in group:
+                continued = self._continuation(adapter, request.prompt)
+                if continued:
+                    ended += self._prefill(adapter, [request], *continued)
+                else:
+                    fresh.append(request)
+            if fresh:
+                ended += self._prefill(adapter, fresh, *self._cached_prefix(adapter, self._peft_name(adapter), [r.prompt for r in fresh]))
         return ended
 
-    def _admit_group(self, adapter: AdapterRef | None, requests: list[Request]) -> list[tuple[Request, Generation]]:
+    def _prefill(self, adapter: AdapterRef | None, requests: list[Request], prefix_length: int, cache) -> list[tuple[Request, Generation]]:
+        """Prefill the prompts past their cached ``prefix_length`` tokens, sample their first token, join the batch."""
         peft_name = self._peft_name(adapter)
         prompts = [request.prompt for request in requests]
-        prefix_length, cache = self._cached_prefix(adapter, peft_name, prompts)
         width = max(len(prompt) for prompt in prompts) - prefix_length
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), prefix_length + width), dtype=torch.long)
@@ -245,6 +271,31 @@ class HFEngine:
         )
         rows = [_Row(request, peft_name, [], []) for request in requests]
         return self._join(rows, output.past_key_values, mask.to(self.device), output.logits[:, -1])
+
+    def _continuation(self, adapter: AdapterRef | None, prompt: list[int]) -> tuple[int, object] | None:
+        """(length, KV cache) of a finished generation this prompt continues (an episode's next turn), taken from the store."""
+        best = None
+        for key in self._continuations:
+            cached_adapter, tokens = key
+            if cached_adapter == adapter and len(tokens) < len(prompt) and (best is None or len(tokens) > len(best[1])):
+                if tuple(prompt[: len(tokens)]) == tokens:
+                    best = key
+        if best is None:
+            return None
+        layers = self._continuations.pop(best)
+        self._continuation_tokens -= len(best[1])
+        return len(best[1]), DynamicCache(ddp_cache_data=layers)
+
+    def _keep_continuation(self, row: _Row, cache, index: int, row_mask: torch.Tensor) -> None:
+        """Store the KV of a finished row's real tokens (prompt + reply but its last token), evicting the oldest."""
+        tokens = tuple(row.request.prompt + row.tokens[:-1])
+        real = row_mask.bool()
+        layers = [(layer.keys[index : index + 1, :, real], layer.values[index : index + 1, :, real]) for layer in cache.layers]
+        self._continuations[(row.request.adapter, tokens)] = layers
+        self._continuation_tokens += len(tokens)
+        while self._continuation_tokens > self.continuation_cache_tokens:
+            (_, evicted), _ = self._continuations.popitem(last=False)
+            self._continuation_tokens -= len(evicted)
 
     def _cached_prefix(self, adapter, peft_name, prompts: list[list[int]]) -> tuple[int, object | None]:
         """(length, KV cache for every prompt) of a stored prefix they all share, storing a new one if worth it.
@@ -308,10 +359,11 @@ class HFEngine:
         for index, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs)):
             row.tokens.append(token)
             row.logprobs.append(logprob)
-            if token in self.stop_token_ids:
-                finished.append((row.request, Generation(row.tokens, row.logprobs, "stop")))
-            elif len(row.tokens) >= row.request.params.max_new_tokens:
-                finished.append((row.request, Generation(row.tokens, row.logprobs, "length")))
+            if token in self.stop_token_ids or len(row.tokens) >= row.request.params.max_new_tokens:
+                reason = "stop" if token in self.stop_token_ids else "length"
+                finished.append((row.request, Generation(row.tokens, row.logprobs, reason)))
+                if self.continuation_cache_tokens:
+                    self._keep_continuation(row, cache, index, mask[index])
             else:
                 keep.append(index)
         if keep:

@@ -13,8 +13,8 @@ console = Console()
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
+    for index, column in enumerate(columns):
+        table.add_column(column, no_wrap=index == 0)  # row names stay whole; other columns wrap
     for row in rows:
         table.add_row(*[str(cell) for cell in row])
     console.print(table)

@@ -192,16 +192,13 @@ def report(result: Aggregation, config: TraceConfig, folder: Path) -> None:
     selection = config.selection
     print_table(
         f"capabilities (rho={selection.rho}, delta={selection.delta}, k={selection.k}, undefined rates: {selection.undefined_rate})",
-        ["capability", "Cov", "Delta", "runs passed", "ER- 95% CI", "ER+ 95% CI", "p", "kept"],
+        ["capability", "Cov", "Delta", "runs passed", "kept"],
         [
             (
                 c.name,
                 _mean_std(c.mean_cov, c.std_cov),
                 _mean_std(c.mean_delta, c.std_delta),
                 f"{c.n_runs_passed}/{c.n_runs_total}",
-                _interval(c.er_minus_ci),
-                _interval(c.er_plus_ci),
-                "-" if c.p_value is None else f"{c.p_value:.3g}",
                 "yes" if c.passes_consistency else "no",
             )
             for c in result.all
@@ -212,10 +209,7 @@ def report(result: Aggregation, config: TraceConfig, folder: Path) -> None:
     if len(result.warnings) > SHOWN_WARNINGS:
         console.print(f"... and {len(result.warnings) - SHOWN_WARNINGS} more warnings")
     console.print(f"{len(result.selected)} of {len(result.all)} capabilities selected: {folder / 'selected.json'}")
-
-
-def _interval(interval: list[float] | None) -> str:
-    return "-" if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
+    console.print(f"every candidate, with 95% intervals of ER- and ER+ and the p-value of Delta: {folder / 'all_capabilities.json'}")
 
 
 def write_sweep(folder: Path, results: list) -> None:

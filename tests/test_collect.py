@@ -5,14 +5,12 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
-import pytest
 
 from actors.rollout_coordinator import RayRolloutBackend, start_pool, wait_until_alive
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.cli import compose_config, main
 from trace_ray.commands.collect import collection_manifest
 from trace_ray.engines import SamplingParams
-from trace_ray.errors import TraceRayError
 from trace_ray.models import load_tokenizer
 from trace_ray.rollout_loop import EpisodeTask, run_rollouts
 from trace_ray.trajectory_store import SCHEMA, TrajectoryStore

@@ -6,6 +6,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
+from trace_ray.errors import TraceRayError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -16,6 +18,10 @@ class SamplingParams:
 
 
 AdapterRef = tuple[str, int]  # (adapter name, version)
+
+
+class AdapterNotLoadedError(TraceRayError):
+    """A request named an adapter (or version) the engine does not hold."""
 
 
 @dataclass

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, TypeVar
 
 import torch
 
-from trace_ray.engines.base import AdapterRef, Generation, SamplingParams
+from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation, SamplingParams
 
 T = TypeVar("T")
 
@@ -108,3 +108,55 @@ class EngineLoop:
                     request.future.set_exception(outcome)
                 else:
                     request.future.set_result(outcome)
+
+
+class LoopedEngine:
+    """The public engine interface (``engines/base.py``) over an engine core stepped by an :class:`EngineLoop`.
+
+    A subclass is the core (``admit``, ``step``, ``abort``, ``busy``, ``room``)
+    and holds the adapters: ``adapters()``, ``_load_adapter`` and
+    ``_unload_adapter`` (both run between decode steps).
+    """
+
+    def __init__(self):
+        self._loop = EngineLoop(self)
+
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None) -> Future:
+        """Queue one generation; the future resolves to its :class:`Generation`."""
+        return self._loop.submit([(prompt, params, adapter)])[0]
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None
+    ) -> list[Generation]:
+        """One generation per prompt, prompt i with ``adapters[i]`` (None: the base model) and seed ``seed + i``."""
+        adapters = adapters or [None] * len(prompts)
+        requests = [
+            (prompt, replace(params, seed=None if params.seed is None else params.seed + index), adapter)
+            for index, (prompt, adapter) in enumerate(zip(prompts, adapters))
+        ]
+        return [future.result() for future in self._loop.submit(requests)]
+
+    def adapters(self) -> dict[str, int]:
+        """Loaded adapters: name -> version."""
+        raise NotImplementedError
+
+    def load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
+        """Load (or replace) adapter ``name`` at ``version`` from a PEFT state dict and LoRA settings."""
+        self._loop.locked(self._load_adapter, name, version, weights, lora_config)
+
+    def unload_adapter(self, name: str) -> None:
+        if name not in self.adapters():
+            raise KeyError(f"adapter {name!r} is not loaded (loaded: {', '.join(sorted(self.adapters())) or 'none'})")
+        self._loop.locked(self._unload_adapter, name)
+
+    def check_loaded(self, adapter: AdapterRef | None) -> None:
+        """Refuse a request for an adapter, or a version of it, the engine does not hold."""
+        if adapter is not None and self.adapters().get(adapter[0]) != adapter[1]:
+            have = ", ".join(f"{n} v{v}" for n, v in sorted(self.adapters().items())) or "none"
+            raise AdapterNotLoadedError(f"adapter {adapter[0]!r} version {adapter[1]} is not loaded (loaded: {have}); load it first")
+
+    def _load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
+        raise NotImplementedError
+
+    def _unload_adapter(self, name: str) -> None:
+        raise NotImplementedError

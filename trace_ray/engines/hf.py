@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
-from trace_ray.engines.base import AdapterRef, Generation, SamplingParams
+from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation
 from trace_ray.engines.cpu_attention import use_grouped_attention
-from trace_ray.engines.engine_loop import EngineLoop, Request
+from trace_ray.engines.engine_loop import LoopedEngine, Request
 from trace_ray.engines.sampling import sample_next
-from trace_ray.errors import TraceRayError
+
+__all__ = ["AdapterNotLoadedError", "HFEngine", "end_of_turn_ids"]
 
 MIN_CACHED_PREFIX = 32  # shorter shared prefixes are cheaper to recompute than to copy
 PREFIX_CACHE_ENTRIES = 4
@@ -70,10 +70,6 @@ def stack_right_aligned(first: torch.Tensor, second: torch.Tensor, dim: int) -> 
     return stacked
 
 
-class AdapterNotLoadedError(TraceRayError):
-    """A request named an adapter (or version) the engine does not hold."""
-
-
 def end_of_turn_ids(tokenizer, configured_eos: int | list[int] | None) -> list[int]:
     """The tokenizer's eos plus the model's configured eos token(s)."""
     configured = configured_eos if isinstance(configured_eos, list) else [configured_eos]
@@ -88,7 +84,7 @@ class _Row:
     logprobs: list[float]
 
 
-class HFEngine:
+class HFEngine(LoopedEngine):
     def __init__(
         self,
         model,
@@ -116,40 +112,16 @@ class HFEngine:
         self._rows: list[_Row] = []
         self._cache = None  # KV cache of the running batch
         self._mask: torch.Tensor | None = None  # [rows, cache width]: 1 on real tokens
-        self._loop = EngineLoop(self)
+        super().__init__()
 
     @property
     def device(self) -> torch.device:
         return next(self.base_model.parameters()).device
 
-    # -- public interface --------------------------------------------------------------
-    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None) -> Future:
-        """Queue one generation; the future resolves to its :class:`Generation`."""
-        return self._loop.submit([(prompt, params, adapter)])[0]
-
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None
-    ) -> list[Generation]:
-        """One generation per prompt, prompt i with ``adapters[i]`` (None: the base model) and seed ``seed + i``."""
-        adapters = adapters or [None] * len(prompts)
-        requests = [
-            (prompt, replace(params, seed=None if params.seed is None else params.seed + index), adapter)
-            for index, (prompt, adapter) in enumerate(zip(prompts, adapters))
-        ]
-        return [future.result() for future in self._loop.submit(requests)]
-
+    # -- adapters ---------------------------------------------------------------------
     def adapters(self) -> dict[str, int]:
-        """Loaded adapters: name -> version."""
         return {name: version for name, (version, _) in self._adapters.items()}
 
-    def load_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> None:
-        """Load (or replace) adapter ``name`` at ``version`` from a PEFT state dict and LoRA settings."""
-        self._loop.locked(self._load_adapter, name, version, weights, lora_config)
-
-    def unload_adapter(self, name: str) -> None:
-        self._loop.locked(self._unload_adapter, name)
-
-    # -- adapters ---------------------------------------------------------------------
     def _load_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> None:
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
@@ -174,8 +146,6 @@ class HFEngine:
         self._release_retired()
 
     def _unload_adapter(self, name: str) -> None:
-        if name not in self._adapters:
-            raise KeyError(f"adapter {name!r} is not loaded (loaded: {', '.join(sorted(self._adapters)) or 'none'})")
         self._retired.add(self._adapters.pop(name)[1])
         self._drop_prefix_caches(name)
         self._release_retired()
@@ -200,14 +170,8 @@ class HFEngine:
             del self._continuations[key]
 
     def _peft_name(self, adapter: AdapterRef | None) -> str | None:
-        if adapter is None:
-            return None
-        name, version = adapter
-        loaded = self._adapters.get(name)
-        if loaded is None or loaded[0] != version:
-            have = ", ".join(f"{n} v{v}" for n, v in sorted(self.adapters().items())) or "none"
-            raise AdapterNotLoadedError(f"adapter {name!r} version {version} is not loaded (loaded: {have}); load it first")
-        return loaded[1]
+        self.check_loaded(adapter)
+        return None if adapter is None else self._adapters[adapter[0]][1]
 
     def _forward(self, peft_names: list[str | None], **inputs):
         """One forward pass, row i through adapter ``peft_names[i]`` (None: the base model)."""

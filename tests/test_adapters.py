@@ -74,14 +74,14 @@ def test_unloading_the_last_adapter_restores_the_base_model(engine):
 
 
 def test_a_running_generation_keeps_the_version_it_started_with(engine):
-    from tests.test_hf_engine import wait_until_running
+    from tests.test_hf_engine import wait_until
 
     weights_a, reference_a = random_adapter(1)
     weights_b, _ = random_adapter(2)
     engine.load_adapter("cap", 1, weights_a, LORA)
     prompt = prompts_for(engine.tokenizer, ["text Ann"])[0]
     running = engine.submit(prompt, SamplingParams(0.0, 1.0, 500), ("cap", 1))
-    wait_until_running(engine)
+    wait_until(lambda: engine._rows)
     engine.load_adapter("cap", 2, weights_b, LORA)  # replaced while version 1 is generating
     engine.unload_adapter("cap")
     assert not running.done()

@@ -115,11 +115,12 @@ def test_grouped_cpu_attention_matches_transformers_sdpa_with_padding():
     assert torch.allclose(grouped[real], reference[real], atol=1e-5)
 
 
-def wait_until_running(engine, rows=1):
+def wait_until(started, timeout_s=30):
+    """Poll until ``started()`` is true (a submitted request is running)."""
     import time
 
-    deadline = time.monotonic() + 30
-    while len(engine._rows) < rows:
+    deadline = time.monotonic() + timeout_s
+    while not started():
         assert time.monotonic() < deadline, "the request never started"
         time.sleep(0.001)
 
@@ -133,7 +134,7 @@ def test_a_request_joining_a_running_batch_generates_what_it_would_alone(tiny_mo
     step = engine.step
     engine.step = lambda: (rows_per_step.append(len(engine._rows)), step())[1]
     running = engine.submit(long_prompt, params)
-    wait_until_running(engine)
+    wait_until(lambda: engine._rows)
     joining = engine.submit(short_prompt, replace(params, max_new_tokens=20))
     joined, first = joining.result(), running.result()
     assert rows_per_step[0] == 1 and max(rows_per_step) == 2 and rows_per_step[-1] == 1  # joined mid-way, left early

@@ -183,14 +183,18 @@ def test_sampled_record_logprobs_match_a_teacher_forced_forward(tiny_model):
     params = SamplingParams(temperature=0.8, top_p=1.0, max_new_tokens=12, seed=5)  # top_p 1: the whole policy
     results = run_episodes([0, 1, 2], HFEngine(network, tokenizer), tokenizer, params, batch_size=3)
     for result in results:
-        record = result.record
-        ids = torch.tensor([record.token_ids])
-        with torch.no_grad():
-            logits = network(ids).logits[0, :-1].float() / params.temperature
-        forward = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-        mask = torch.tensor(record.action_mask[1:], dtype=torch.bool)
-        assert mask.sum() == record.action_tokens > 0
-        assert torch.allclose(forward[mask], torch.tensor(record.logprobs[1:])[mask], atol=1e-3)
+        assert_logprobs_match_a_forward(result.record, network, params.temperature, atol=1e-3)
+
+
+def assert_logprobs_match_a_forward(record, network, temperature, atol):
+    """Every action token's recorded log-prob is the model's own, teacher-forced over the whole record."""
+    ids = torch.tensor([record.token_ids])
+    with torch.no_grad():
+        logits = network(ids).logits[0, :-1].float() / temperature
+    forward = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    mask = torch.tensor(record.action_mask[1:], dtype=torch.bool)
+    assert mask.sum() == record.action_tokens > 0
+    assert torch.allclose(forward[mask], torch.tensor(record.logprobs[1:])[mask], atol=atol)
 
 
 class FlakyBackend(LocalBackend):

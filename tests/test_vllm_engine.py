@@ -18,7 +18,8 @@ from trace_ray.engines import SamplingParams, make_engine  # noqa: E402
 from trace_ray.engines.hf import AdapterNotLoadedError  # noqa: E402
 from trace_ray.models import load_model  # noqa: E402
 from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts  # noqa: E402
-from tests.test_hf_engine import forward_logprobs, prompts_for  # noqa: E402
+from tests.test_hf_engine import forward_logprobs, prompts_for, wait_until  # noqa: E402
+from tests.test_rollout_loop import assert_logprobs_match_a_forward  # noqa: E402
 
 VLLM = ["model=smollm2_135m", "engine=vllm_cpu", "model.max_context_tokens=2048", "engine.max_loras=2", "engine.max_lora_rank=8"]
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
@@ -79,7 +80,7 @@ def test_adapters_by_name_and_version(engine, smollm2_network):
     assert torch.allclose(torch.tensor(mixed[1].logprobs), forward_logprobs(smollm2_network, prompt, mixed[1].token_ids, 1.0), atol=2e-3)
 
     running = engine.submit(prompt, greedy, ("cap", 1))
-    wait_until_running_vllm(engine)
+    wait_until(lambda: engine._running, timeout_s=60)
     engine.load_adapter("cap", 2, weights_2, LORA)  # replaced while version 1 generates
     assert engine.adapters() == {"cap": 2}
     with pytest.raises(AdapterNotLoadedError, match="adapter 'cap' version 1 is not loaded \\(loaded: cap v2\\)"):
@@ -92,26 +93,10 @@ def test_adapters_by_name_and_version(engine, smollm2_network):
     assert engine.adapters() == {} and not engine.llm.list_loras()  # every retired id left vLLM
 
 
-def wait_until_running_vllm(engine):
-    import time
-
-    deadline = time.monotonic() + 60
-    while not engine._running:
-        assert time.monotonic() < deadline, "the request never started"
-        time.sleep(0.001)
-
-
 def test_episodes_through_the_rollout_loop_have_exact_records(engine, smollm2_network):
     tasks = [EpisodeTask(f"device-{seed}", seed) for seed in (0, 1, 2)]
     prompt = AgentPrompt(engine.tokenizer)
     params = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=48, seed=3)
     results = run_rollouts(tasks, LocalBackend(DeviceEnvironment, engine), prompt, params, 3, 2048)
     for result in results:
-        record = result.record
-        ids = torch.tensor([record.token_ids])
-        with torch.no_grad():
-            logits = smollm2_network(ids).logits[0, :-1].float() / params.temperature
-        forward = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-        mask = torch.tensor(record.action_mask[1:], dtype=torch.bool)
-        assert mask.sum() == record.action_tokens > 0
-        assert torch.allclose(forward[mask], torch.tensor(record.logprobs[1:])[mask], atol=2e-3)
+        assert_logprobs_match_a_forward(result.record, smollm2_network, params.temperature, atol=2e-3)

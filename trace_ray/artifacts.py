@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 def atomic_scratch(path: Path) -> str:
@@ -18,13 +19,19 @@ def atomic_scratch(path: Path) -> str:
     return scratch
 
 
-def write_json(path: Path, value: Any, sort_keys: bool = True) -> None:
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[str]:
+    """A scratch file to write ``path``'s content to; renamed onto ``path`` on success, deleted on failure."""
     scratch = atomic_scratch(path)
     try:
-        with open(scratch, "w") as stream:
-            json.dump(value, stream, indent=2, sort_keys=sort_keys, default=str)
-            stream.write("\n")
+        yield scratch
         os.replace(scratch, path)
     except BaseException:
         Path(scratch).unlink(missing_ok=True)
         raise
+
+
+def write_json(path: Path, value: Any, sort_keys: bool = True) -> None:
+    with atomic_path(path) as scratch, open(scratch, "w", encoding="utf-8") as stream:
+        json.dump(value, stream, indent=2, sort_keys=sort_keys, default=str)
+        stream.write("\n")

@@ -37,7 +37,6 @@ Schema (column: type — meaning):
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from pathlib import Path
@@ -46,7 +45,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trace_ray.artifacts import atomic_scratch, write_json
+from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeResult
 
@@ -158,13 +157,8 @@ class TrajectoryStore:
             write_json(self.directory / MANIFEST, self.run)
         table = pa.Table.from_pylist(rows, schema=SCHEMA)
         target = self.directory / f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-        scratch = atomic_scratch(target)
-        try:
+        with atomic_path(target) as scratch:
             pq.write_table(table, scratch)
-            os.replace(scratch, target)
-        except BaseException:
-            Path(scratch).unlink(missing_ok=True)
-            raise
         return target
 
     def read(self) -> pa.Table:

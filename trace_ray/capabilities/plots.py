@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trace_ray.artifacts import atomic_scratch
+from trace_ray.artifacts import atomic_path
 from trace_ray.capabilities.aggregation import Aggregation
 from trace_ray.capabilities.run_files import LABEL_LISTS, RunFile
 
 
 def _save(figure, path: Path) -> None:
-    scratch = atomic_scratch(path)
-    figure.savefig(scratch, format="png", dpi=120, bbox_inches="tight")
-    Path(scratch).replace(path)
+    with atomic_path(path) as scratch:
+        figure.savefig(scratch, format="png", dpi=120, bbox_inches="tight")
 
 
 def cov_vs_delta(result: Aggregation, rho: float, delta: float, path: Path) -> None:

@@ -16,12 +16,11 @@ capabilities' ``*_failed`` (``*_passed``) lists, and the totals count them.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_ray.artifacts import atomic_scratch
+from trace_ray.artifacts import write_json
 from trace_ray.errors import TraceRayError
 
 LABEL_LISTS = ("lacking_failed", "present_failed", "na_failed", "lacking_passed", "present_passed", "na_passed")
@@ -67,7 +66,7 @@ def read_run_files(folder: str | Path) -> list[RunFile]:
 
 
 def write_run_file(path: str | Path, run: RunFile) -> None:
-    """Validate ``run`` and write it with the exact schema (temporary file, then os.replace)."""
+    """Validate ``run`` and write it atomically with the exact schema."""
     validate_run(run)
     path = Path(path)
     data = {
@@ -75,15 +74,7 @@ def write_run_file(path: str | Path, run: RunFile) -> None:
         "totals": {"total_failed": run.total_failed, "total_passed": run.total_passed},
         "labels": {cap: {key: list(lists[key]) for key in LABEL_LISTS} for cap, lists in run.labels.items()},
     }
-    scratch = atomic_scratch(path)
-    try:
-        with open(scratch, "w", encoding="utf-8") as stream:
-            json.dump(data, stream, indent=2)
-            stream.write("\n")
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
+    write_json(path, data, sort_keys=False)
 
 
 def validate_run(run: RunFile) -> None:

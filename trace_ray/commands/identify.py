@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trace_ray.artifacts import atomic_scratch, write_json
+from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.capabilities import plots
 from trace_ray.capabilities.agreement import agreement
 from trace_ray.capabilities.aggregation import Aggregation, SelectionSettings, aggregate
@@ -225,15 +225,12 @@ def write_sweep(folder: Path, results: list) -> None:
         }
         for selection, result in results
     ]
-    table = pa.Table.from_pylist(rows)
-    scratch = atomic_scratch(folder / "sweep.parquet")
-    pq.write_table(table, scratch)
-    Path(scratch).replace(folder / "sweep.parquet")
+    with atomic_path(folder / "sweep.parquet") as scratch:
+        pq.write_table(pa.Table.from_pylist(rows), scratch)
     lines = ["| rho | delta | k | undefined_rate | selected |", "|---|---|---|---|---|"]
     lines += [f"| {r['rho']} | {r['delta']} | {r['k']} | {r['undefined_rate']} | {', '.join(r['selected']) or '(none)'} |" for r in rows]
-    markdown = atomic_scratch(folder / "sweep.md")
-    Path(markdown).write_text("\n".join(lines) + "\n")
-    Path(markdown).replace(folder / "sweep.md")
+    with atomic_path(folder / "sweep.md") as scratch:
+        Path(scratch).write_text("\n".join(lines) + "\n")
     print_table(
         f"sweep over {len(rows)} selection settings",
         ["rho", "delta", "k", "undefined_rate", "selected"],

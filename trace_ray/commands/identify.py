@@ -51,14 +51,18 @@ def run_sweep(configs: list[TraceConfig]) -> None:
     runs, descriptions = labeled_runs(first, trajectories)
     folder = Path(first.run_dir) / "capabilities"
     if len(configs) == 1:
-        result = aggregate(runs, descriptions, SelectionSettings(**asdict(first.selection)))
+        result = aggregate(runs, descriptions, selection_settings(first))
         write_outputs(folder, result)
         plots.cov_vs_delta(result, first.selection.rho, first.selection.delta, folder / "cov_vs_delta.png")
         plots.label_counts(runs, [capability.name for capability in result.all], folder / "label_counts.png")
         report(result, first, folder)
         report_agreement(folder)
         return
-    write_sweep(folder, [(config.selection, aggregate(runs, descriptions, SelectionSettings(**asdict(config.selection)))) for config in configs])
+    write_sweep(folder, [(config.selection, aggregate(runs, descriptions, selection_settings(config))) for config in configs])
+
+
+def selection_settings(config: TraceConfig) -> SelectionSettings:
+    return SelectionSettings(**asdict(config.selection))
 
 
 def check_contrast(trajectories: list[Trajectory], config: TraceConfig) -> None:
@@ -98,7 +102,8 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
     }
     if cached_labeler(folder) == manifest:
         return read_run_files(folder), read_candidates(folder)
-    evidence = {t.task_id: env.capability_evidence(t.seed) for t in trajectories}
+    seeds = {t.task_id: t.seed for t in trajectories}  # K samples of a task share its evidence
+    evidence = {task_id: env.capability_evidence(seed) for task_id, seed in seeds.items()}
     labels = label_trajectories(trajectories, evidence, names)
     runs = subsample_runs(trajectories, labels, config.labeler.runs, config.labeler.subsample_fraction, config.seed)
     descriptions = {name: CATALOGUE[name].description for name in names}

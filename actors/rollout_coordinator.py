@@ -55,6 +55,15 @@ def connect_ray(config: TraceConfig) -> None:
         raise TraceRayError(f"cannot connect to Ray at {address} ({str(exc).splitlines()[0]}); fix ray.address or RAY_ADDRESS") from None
 
 
+def task_error(exc: BaseException) -> BaseException:
+    """A remote call's error as the caller should see it: a TraceRayError raised remotely becomes that one line again."""
+    from ray.exceptions import RayTaskError
+
+    if isinstance(exc, RayTaskError) and isinstance(exc.cause, TraceRayError):
+        return TraceRayError(str(exc.cause.args[0]))
+    return exc
+
+
 def wait_until_alive(actor, timeout_s: float = 120.0) -> None:
     """Block until a (restarting) actor answers again."""
     import ray
@@ -156,8 +165,6 @@ class RayRolloutBackend:
 
     def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None) -> Future:
         """Send one generation to the least busy rollout worker; its engine batches it with the others."""
-        from ray.exceptions import RayTaskError
-
         with self._lock:
             index = min(range(len(self.pool.workers)), key=self.in_flight.__getitem__)
             self.in_flight[index] += 1
@@ -168,13 +175,8 @@ class RayRolloutBackend:
                 self.in_flight[index] -= 1
             try:
                 result.set_result(reference_future.result()[0])
-            except RayTaskError as exc:
-                if isinstance(exc.cause, TraceRayError):  # e.g. an adapter the worker does not hold: one clear line
-                    result.set_exception(TraceRayError(str(exc.cause.args[0])))
-                else:
-                    result.set_exception(exc)
-            except BaseException as exc:
-                result.set_exception(exc)
+            except BaseException as exc:  # e.g. an adapter the worker does not hold: one clear line
+                result.set_exception(task_error(exc))
 
         self.pool.workers[index].generate.remote([prompt], params, [adapter]).future().add_done_callback(settle)
         return result

@@ -117,7 +117,7 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     """Candidates proposed once; N labeling runs (seeds seed, seed+1, ...) as parallel Ray tasks."""
     import ray
 
-    from actors.rollout_coordinator import connect_ray
+    from actors.rollout_coordinator import connect_ray, task_error
     from trace_ray.capabilities.llm_labeler import LLMClient, label_trajectories_llm, propose_candidates
 
     labeler = config.labeler
@@ -139,9 +139,7 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     try:
         labels = ray.get(references)
     except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, TraceRayError):
-            raise TraceRayError(str(exc.cause.args[0])) from None
-        raise
+        raise task_error(exc) from None
     failed, passed = outcome_ids(trajectories)
     runs = [run_file(attempt, failed, passed, run_labels) for attempt, run_labels in enumerate(labels)]
     candidates = {"candidates": [{"name": name, **entry} for name, entry in proposed.items()]}

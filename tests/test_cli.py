@@ -35,6 +35,9 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
         (["engine=vllm", "model=tiny_random"], "engine=vllm loads weights from a folder and model=tiny_random has none; use engine=hf"),
         (["engine=vllm_cpu", "engine.memory_fraction=0"], "engine.memory_fraction must be in (0, 1]"),
         (["engine.max_batch_rows=0"], "engine.max_batch_rows must be >= 1"),
+        (["labeler=llm"], "labeler=llm needs labeler.base_url=http://HOST:PORT/v1 and labeler.model=NAME"),
+        (["labeler.runs=0"], "labeler.runs must be >= 1"),
+        (["selection.undefined_rate=maybe"], "undefined_rate must be 'zero' or 'fail'"),
         (["env.success_threshold=0"], "env.success_threshold must be in (0, 1]"),
         (["model=local"], "model.source=path needs model.path="),
         (["split=eval,analysis"], "add -m to sweep"),
@@ -109,3 +112,18 @@ def test_installed_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "trace_ray.cli", "score", "env=missing"], capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.strip() == "trace-ray: error: unknown env 'missing'; choose one of: device (env=NAME)"
+
+
+def test_vllm_engine_without_vllm_installed_is_one_clear_error(monkeypatch):
+    import importlib.util
+
+    from trace_ray.engines import make_engine
+
+    config = compose_config("score", ["engine=vllm_cpu"])
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    with pytest.raises(TraceRayError) as caught:
+        make_engine(config.model, config.engine)
+    assert "engine=vllm needs vLLM, which is not installed; run: pip install 'trace-ray[vllm]'" in str(caught.value)
+    assert "\n" not in str(caught.value)
+

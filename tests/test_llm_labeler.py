@@ -7,6 +7,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import jsonschema
 import pytest
 
 from trace_ray.capabilities.llm_labeler import (
@@ -120,6 +121,17 @@ def test_request_is_an_openai_chat_completion(server):
     }
 
 
+def test_schema_sent_as_structured_output_unless_json_object_chosen(server):
+    server.reply("{}", "{}")
+    schema = {"type": "object"}
+    server.client(max_tokens=64).chat([], seed=0, temperature=0.0, schema=schema)
+    server.client(response_format="json_object").chat([], seed=0, temperature=0.0, schema=schema)
+    structured, plain = (request["body"] for request in server.requests)
+    assert structured["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    assert structured["max_tokens"] == 64
+    assert plain["response_format"] == {"type": "json_object"} and "max_tokens" not in plain
+
+
 def test_api_key_header_sent_only_when_given(server):
     server.reply("{}", "{}")
     server.client(api_key="sk-test").chat([], seed=0, temperature=0.0)
@@ -181,6 +193,21 @@ def test_valid_candidates_parsed_in_order(server):
     assert request["body"]["seed"] == 5 and request["body"]["temperature"] == 0.7
 
 
+def test_proposal_schema_admits_valid_answers_and_rejects_invalid_ones(server):
+    server.reply(candidates_answer("datetime_reasoning"))
+    propose(server)
+    schema = server.requests[0]["body"]["response_format"]["json_schema"]["schema"]
+    jsonschema.validate(json.loads(candidates_answer("tool_error_recovery", "datetime_reasoning")), schema)
+    for invalid in (
+        candidates_answer("datetime_reasoning", examples=("t1#1", "t9#0")),
+        candidates_answer("Datetime Reasoning"),
+        candidates_answer("a", "b", "c", "d"),
+        json.dumps({"capabilities": []}),
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(json.loads(invalid), schema)
+
+
 def test_invalid_json_repaired_once(server):
     server.reply("{not json", candidates_answer("datetime_reasoning"))
     assert list(propose(server)) == ["datetime_reasoning"]
@@ -233,6 +260,20 @@ def test_labels_every_capability_and_trajectory(server):
     prompt = server.requests[0]["body"]["messages"]
     assert "NA: the task does not need" in prompt[0]["content"]
     assert "Retry after a tool error." in prompt[1]["content"] and "t1#0" in prompt[1]["content"]
+
+
+def test_labeling_schema_requires_every_capability_and_a_known_label(server):
+    server.reply(labels_answer(datetime_reasoning="NA", error_recovery="NA"))
+    label(server, TRAJECTORIES[:1])
+    schema = server.requests[0]["body"]["response_format"]["json_schema"]["schema"]
+    jsonschema.validate(json.loads(labels_answer(datetime_reasoning="LACKING", error_recovery="PRESENT")), schema)
+    for invalid in (
+        labels_answer(datetime_reasoning="LACKING"),
+        labels_answer(datetime_reasoning="LACKING", error_recovery="MAYBE"),
+        labels_answer(datetime_reasoning="NA", error_recovery="NA", other="NA"),
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(json.loads(invalid), schema)
 
 
 def test_missing_capability_repaired(server):

@@ -21,6 +21,7 @@ TOOL_FORMATS = ("auto", "native", "text")
 SPLITS = ("analysis", "eval")
 ENGINES = ("hf", "vllm")
 LABELERS = ("rules", "llm", "precomputed")
+RESPONSE_FORMATS = ("json_schema", "json_object")
 
 
 @dataclass
@@ -108,7 +109,8 @@ class LabelerConfig:
     subsample_fraction: Optional[float] = None  # rules: share of the successes and of the failures in each run
     # llm: an OpenAI-compatible endpoint, the analysis model, the variable holding its API key,
     # candidates proposed, sampling temperature, characters per compacted trajectory, repairs of an
-    # invalid answer, tries per request, request timeout
+    # invalid answer, tries per request, request timeout, the JSON response format requested
+    # (json_schema | json_object), the answer's token limit
     base_url: Optional[str] = None
     model: Optional[str] = None
     api_key_env: Optional[str] = None
@@ -118,6 +120,8 @@ class LabelerConfig:
     max_repairs: Optional[int] = None
     max_retries: Optional[int] = None
     timeout_s: Optional[float] = None
+    response_format: Optional[str] = None
+    max_tokens: Optional[int] = None
 
 
 @dataclass
@@ -201,6 +205,11 @@ def validate(config: TraceConfig) -> TraceConfig:
         for key in ("max_chars", "max_retries", "timeout_s"):
             _require((getattr(labeler, key) or 0) > 0, f"labeler.{key} must be > 0, got {getattr(labeler, key)}")
         _require((labeler.max_repairs or 0) >= 0 and (labeler.temperature or 0) >= 0, "labeler.max_repairs and labeler.temperature must be >= 0")
+        _require(
+            labeler.response_format in RESPONSE_FORMATS,
+            f"labeler.response_format={labeler.response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}",
+        )
+        _require(labeler.max_tokens is None or labeler.max_tokens > 0, f"labeler.max_tokens must be > 0 or null, got {labeler.max_tokens}")
     if labeler.name == "rules":
         _require(
             labeler.subsample_fraction is not None and 0 < labeler.subsample_fraction <= 1,

@@ -28,6 +28,8 @@ CUT_MARKER = "\n[... cut ...]\n"
 PROPOSAL_PROMPT_CHARS = 60_000  # the trajectories shown to propose candidates, in all
 PROPOSAL_MAX_PER_OUTCOME = 8
 MAX_EXAMPLES = 4
+NAME_CHARS = 64  # longest capability name a proposal may give
+DESCRIPTION_CHARS = 400  # longest description a proposal may give
 ERROR_CHARS = 200
 _SNAKE_CASE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -59,6 +61,7 @@ class LLMClient:
     def __init__(
         self, base_url: str, model: str, api_key: str | None,
         timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 1.0,
+        response_format: str = "json_schema", max_tokens: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -66,13 +69,24 @@ class LLMClient:
         self.timeout_s = timeout_s
         self.max_retries = max(1, max_retries)  # tries in all
         self.backoff_s = backoff_s
+        self.response_format = response_format  # json_schema (structured outputs) | json_object
+        self.max_tokens = max_tokens
 
-    def chat(self, messages: list[dict], seed: int, temperature: float) -> str:
-        """The content of the model's answer to ``messages`` (a JSON object is requested)."""
-        body = json.dumps({
-            "model": self.model, "messages": messages, "seed": seed, "temperature": temperature,
-            "response_format": {"type": "json_object"},
-        }).encode()
+    def chat(self, messages: list[dict], seed: int, temperature: float, schema: dict | None = None) -> str:
+        """The content of the model's answer to ``messages``.
+
+        A JSON answer is requested: constrained to ``schema`` when the client
+        uses ``json_schema`` response formats (vLLM's structured outputs, hosted
+        APIs' strict mode), else any JSON object.
+        """
+        request_body: dict[str, Any] = {"model": self.model, "messages": messages, "seed": seed, "temperature": temperature}
+        if self.response_format == "json_schema" and schema is not None:
+            request_body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        else:
+            request_body["response_format"] = {"type": "json_object"}
+        if self.max_tokens:
+            request_body["max_tokens"] = self.max_tokens
+        body = json.dumps(request_body).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -178,12 +192,16 @@ def _parse_json(answer: str) -> Any:
 
 def _ask(
     client: LLMClient, messages: list[dict], seed: int, temperature: float,
-    validate: Callable[[Any], Any], max_repairs: int, what: str,
+    schema: dict, validate: Callable[[Any], Any], max_repairs: int, what: str,
 ) -> Any:
-    """``validate``'s result for the model's answer, after at most ``max_repairs`` corrections."""
+    """``validate``'s result for the model's answer, after at most ``max_repairs`` corrections.
+
+    ``schema`` constrains the answer where the endpoint supports it; ``validate``
+    checks it either way (it also checks what a schema cannot, such as unique names).
+    """
     messages = list(messages)
     for repair in range(max_repairs + 1):
-        answer = client.chat(messages, seed=seed, temperature=temperature)
+        answer = client.chat(messages, seed=seed, temperature=temperature, schema=schema)
         try:
             return validate(_parse_json(answer))
         except ValueError as error:
@@ -216,6 +234,28 @@ def _shown(trajectories: list[Trajectory], max_chars: int, seed: int) -> list[Tr
         group = sorted((t for t in trajectories if t.success == success), key=lambda t: t.id)
         shown += sorted(rng.sample(group, min(per_outcome, len(group))), key=lambda t: t.id)
     return shown
+
+
+def candidates_schema(max_candidates: int, known_ids: list[str]) -> dict:
+    """The JSON schema of a proposal answer: 1 to ``max_candidates`` named capabilities citing shown ids."""
+    candidate = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,%d}$" % (NAME_CHARS - 1)},
+            "description": {"type": "string", "minLength": 1, "maxLength": DESCRIPTION_CHARS},
+            "example_trajectories": {
+                "type": "array", "items": {"type": "string", "enum": known_ids}, "minItems": 1, "maxItems": MAX_EXAMPLES,
+            },
+        },
+        "required": ["name", "description", "example_trajectories"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {"candidates": {"type": "array", "items": candidate, "minItems": 1, "maxItems": max_candidates}},
+        "required": ["candidates"],
+        "additionalProperties": False,
+    }
 
 
 def _candidates_validator(max_candidates: int, known_ids: set[str]) -> Callable[[Any], dict[str, dict]]:
@@ -269,8 +309,9 @@ def propose_candidates(
         "Names are unique and snake_case (lower-case letters, digits, underscores, starting with a letter)."
     )
     messages = [{"role": "system", "content": PROPOSE_SYSTEM}, {"role": "user", "content": request}]
+    schema = candidates_schema(max_candidates, [t.id for t in shown])
     validate = _candidates_validator(max_candidates, {t.id for t in shown})
-    return _ask(client, messages, seed, temperature, validate, max_repairs, "candidates")
+    return _ask(client, messages, seed, temperature, schema, validate, max_repairs, "candidates")
 
 
 # -- labeling trajectories --------------------------------------------------------------------
@@ -287,6 +328,17 @@ LABEL_SYSTEM = (
 def seed_offset(trajectory_id: str) -> int:
     """A stable offset for a trajectory's labeling seed, from its id."""
     return int(hashlib.sha256(trajectory_id.encode()).hexdigest()[:7], 16)
+
+
+def labels_schema(names: list[str]) -> dict:
+    """The JSON schema of a labeling answer: every capability in ``names`` labeled NA, PRESENT or LACKING."""
+    labels = {
+        "type": "object",
+        "properties": {name: {"type": "string", "enum": list(LABELS)} for name in names},
+        "required": list(names),
+        "additionalProperties": False,
+    }
+    return {"type": "object", "properties": {"labels": labels}, "required": ["labels"], "additionalProperties": False}
 
 
 def _labels_validator(names: list[str]) -> Callable[[Any], dict[str, str]]:
@@ -318,7 +370,7 @@ def label_trajectories_llm(
     """Capability -> trajectory id -> label, one request per trajectory (seed + the trajectory's offset)."""
     names = list(candidates)
     dictionary = json.dumps(candidates, indent=1)
-    validate = _labels_validator(names)
+    schema, validate = labels_schema(names), _labels_validator(names)
     labels: dict[str, dict[str, str]] = {name: {} for name in names}
     for trajectory in trajectories:
         request = (
@@ -327,7 +379,7 @@ def label_trajectories_llm(
             '{"labels": {"capability_name": "NA" | "PRESENT" | "LACKING"}}'
         )
         messages = [{"role": "system", "content": LABEL_SYSTEM}, {"role": "user", "content": request}]
-        found = _ask(client, messages, seed + seed_offset(trajectory.id), temperature, validate, max_repairs,
+        found = _ask(client, messages, seed + seed_offset(trajectory.id), temperature, schema, validate, max_repairs,
                      f"labels of {trajectory.id}")
         for name, label in found.items():
             labels[name][trajectory.id] = label

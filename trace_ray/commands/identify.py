@@ -121,11 +121,17 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     from trace_ray.capabilities.llm_labeler import LLMClient, label_trajectories_llm, propose_candidates
 
     labeler = config.labeler
-    settings = {key: getattr(labeler, key) for key in ("base_url", "model", "max_candidates", "temperature", "max_chars", "runs")}
+    settings = {
+        key: getattr(labeler, key)
+        for key in ("base_url", "model", "max_candidates", "temperature", "max_chars", "runs", "response_format")
+    }
     manifest = {"labeler": "llm", **settings, "seed": config.seed, "trajectories": trajectories_digest(trajectories)}
     if cached_labeler(folder) == manifest:
         return read_run_files(folder), read_candidates(folder)
-    client = LLMClient(labeler.base_url, labeler.model, os.environ.get(labeler.api_key_env or ""), labeler.timeout_s, labeler.max_retries)
+    client = LLMClient(
+        labeler.base_url, labeler.model, os.environ.get(labeler.api_key_env or ""), labeler.timeout_s, labeler.max_retries,
+        response_format=labeler.response_format, max_tokens=labeler.max_tokens,
+    )
     proposed = propose_candidates(
         client, trajectories, labeler.max_candidates, config.seed, labeler.temperature, labeler.max_chars, labeler.max_repairs
     )

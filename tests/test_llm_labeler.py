@@ -11,10 +11,11 @@ import jsonschema
 import pytest
 
 from trace_ray.capabilities.llm_labeler import (
-    CUT_MARKER, LabelerError, LLMClient, compact_trajectory, label_trajectories_llm, propose_candidates,
+    CUT_MARKER, LabelerError, compact_trajectory, label_trajectories_llm, propose_candidates,
 )
 from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
 from trace_ray.errors import TraceRayError
+from trace_ray.llm_client import LLMClient, LLMEndpointError
 
 
 # -- a replaying server -----------------------------------------------------------------------
@@ -32,7 +33,7 @@ class Replay(ThreadingHTTPServer):
         self.answers += [(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": c}}]}) for c in contents]
 
     def client(self, **options) -> LLMClient:
-        return LLMClient(self.url, "analyst", options.pop("api_key", None), backoff_s=0.01, **options)
+        return LLMClient(self.url, "analyst", options.pop("api_key", None), config_key="labeler", backoff_s=0.01, **options)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -150,7 +151,7 @@ def test_server_error_is_retried(server):
 
 def test_retries_run_out_on_server_errors(server):
     server.answers += [(503, {"error": {"message": "busy"}})] * 2
-    with pytest.raises(LabelerError) as error:
+    with pytest.raises(LLMEndpointError) as error:
         server.client(max_retries=2).chat([], seed=0, temperature=0.0)
     assert "HTTP 503: busy" in str(error.value) and "after 2 tries" in str(error.value)
 
@@ -160,8 +161,8 @@ def test_connection_refused_names_endpoint_and_tries():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}/v1"
-    with pytest.raises(LabelerError) as error:
-        LLMClient(url, "analyst", None, backoff_s=0.01).chat([], seed=0, temperature=0.0)
+    with pytest.raises(LLMEndpointError) as error:
+        LLMClient(url, "analyst", None, config_key="labeler", backoff_s=0.01).chat([], seed=0, temperature=0.0)
     message = str(error.value)
     assert isinstance(error.value, TraceRayError) and "\n" not in message
     assert message == (
@@ -171,7 +172,7 @@ def test_connection_refused_names_endpoint_and_tries():
 
 def test_client_error_fails_at_once_with_the_server_message(server):
     server.answers.append((400, {"error": {"message": "model 'analyst' does not exist " + "x" * 500}}))
-    with pytest.raises(LabelerError) as error:
+    with pytest.raises(LLMEndpointError) as error:
         server.client().chat([], seed=0, temperature=0.0)
     message = str(error.value)
     assert len(server.requests) == 1 and "\n" not in message

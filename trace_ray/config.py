@@ -21,7 +21,7 @@ TOOL_FORMATS = ("auto", "native", "text")
 SPLITS = ("analysis", "eval")
 ENGINES = ("hf", "vllm")
 LABELERS = ("rules", "llm", "precomputed")
-RESPONSE_FORMATS = ("json_schema", "json_object")
+LABELER_RESPONSE_FORMATS = ("json_schema", "json_object")  # the labeler needs JSON answers
 
 
 @dataclass
@@ -206,8 +206,8 @@ def validate(config: TraceConfig) -> TraceConfig:
             _require((getattr(labeler, key) or 0) > 0, f"labeler.{key} must be > 0, got {getattr(labeler, key)}")
         _require((labeler.max_repairs or 0) >= 0 and (labeler.temperature or 0) >= 0, "labeler.max_repairs and labeler.temperature must be >= 0")
         _require(
-            labeler.response_format in RESPONSE_FORMATS,
-            f"labeler.response_format={labeler.response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}",
+            labeler.response_format in LABELER_RESPONSE_FORMATS,
+            f"labeler.response_format={labeler.response_format!r} is not one of {', '.join(LABELER_RESPONSE_FORMATS)}",
         )
         _require(labeler.max_tokens is None or labeler.max_tokens > 0, f"labeler.max_tokens must be > 0 or null, got {labeler.max_tokens}")
     if labeler.name == "rules":

@@ -11,17 +11,14 @@ corrected answer, a bounded number of times.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import random
 import re
-import time
-import urllib.error
-import urllib.request
 from typing import Any, Callable
 
 from trace_ray.capabilities.trajectories import LABELS, Trajectory
 from trace_ray.errors import TraceRayError
+from trace_ray.llm_client import LLMClient, one_line
 
 RESULT_CHARS = 300  # a tool call's arguments and result, each, in a compacted trajectory
 CUT_MARKER = "\n[... cut ...]\n"
@@ -30,109 +27,11 @@ PROPOSAL_MAX_PER_OUTCOME = 8
 MAX_EXAMPLES = 4
 NAME_CHARS = 64  # longest capability name a proposal may give
 DESCRIPTION_CHARS = 400  # longest description a proposal may give
-ERROR_CHARS = 200
 _SNAKE_CASE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 class LabelerError(TraceRayError):
     """The labeler endpoint or model failed; the message names the cause and the fix."""
-
-
-def _one_line(text: str, limit: int = ERROR_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _server_message(body: bytes) -> str:
-    """The error message of an OpenAI-style error body, else the body itself."""
-    text = body.decode("utf-8", errors="replace")
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError:
-        return _one_line(text)
-    error = document.get("error", document) if isinstance(document, dict) else document
-    message = error.get("message", error) if isinstance(error, dict) else error
-    return _one_line(message if isinstance(message, str) else json.dumps(message))
-
-
-class LLMClient:
-    """Chat completions from an OpenAI-compatible endpoint; transport failures retried with exponential backoff."""
-
-    def __init__(
-        self, base_url: str, model: str, api_key: str | None,
-        timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 1.0,
-        response_format: str = "json_schema", max_tokens: int | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.api_key = api_key
-        self.timeout_s = timeout_s
-        self.max_retries = max(1, max_retries)  # tries in all
-        self.backoff_s = backoff_s
-        self.response_format = response_format  # json_schema (structured outputs) | json_object
-        self.max_tokens = max_tokens
-
-    def chat(self, messages: list[dict], seed: int, temperature: float, schema: dict | None = None) -> str:
-        """The content of the model's answer to ``messages``.
-
-        A JSON answer is requested: constrained to ``schema`` when the client
-        uses ``json_schema`` response formats (vLLM's structured outputs, hosted
-        APIs' strict mode), else any JSON object.
-        """
-        request_body: dict[str, Any] = {"model": self.model, "messages": messages, "seed": seed, "temperature": temperature}
-        if self.response_format == "json_schema" and schema is not None:
-            request_body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-        else:
-            request_body["response_format"] = {"type": "json_object"}
-        if self.max_tokens:
-            request_body["max_tokens"] = self.max_tokens
-        body = json.dumps(request_body).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        try:
-            request = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, headers=headers, method="POST")
-        except ValueError:
-            raise LabelerError(f"labeler.base_url={self.base_url!r} is not a URL; use e.g. http://127.0.0.1:8000/v1") from None
-        reason = ""
-        for attempt in range(self.max_retries):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return self._content(response.read())
-            except urllib.error.HTTPError as error:
-                reason = f"HTTP {error.code}: {_server_message(error.read())}"
-                if error.code != 429 and error.code < 500:
-                    raise LabelerError(
-                        f"the labeler endpoint {self.base_url} rejected the request ({reason}); "
-                        "fix labeler.model or the key in the variable labeler.api_key_env names, or lower labeler.max_chars"
-                    ) from None
-            except urllib.error.URLError as error:
-                reason = self._reason(error.reason)
-            except (OSError, http.client.HTTPException) as error:
-                reason = self._reason(error)
-        raise LabelerError(
-            f"cannot reach the labeler endpoint {self.base_url} ({reason}) after {self.max_retries} tries; "
-            "start the server or fix labeler.base_url"
-        )
-
-    def _reason(self, error: object) -> str:
-        if isinstance(error, TimeoutError):
-            return f"timed out after {self.timeout_s:g} s"
-        if isinstance(error, OSError) and error.strerror:
-            return error.strerror
-        return _one_line(str(error) or type(error).__name__)
-
-    def _content(self, body: bytes) -> str:
-        try:
-            content = json.loads(body)["choices"][0]["message"]["content"]
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, IndexError, TypeError):
-            raise LabelerError(
-                f"the labeler endpoint {self.base_url} answered without choices[0].message.content; "
-                "point labeler.base_url at an OpenAI-compatible API (ending in /v1)"
-            ) from None
-        return content if isinstance(content, str) else ""
 
 
 # -- compacting trajectories ------------------------------------------------------------------
@@ -211,7 +110,7 @@ def _ask(
             {"role": "user", "content": f"Your answer is invalid: {problem}. Reply with the corrected JSON only."},
         ]
     raise LabelerError(
-        f"the labeler model's {what} stayed invalid after {max_repairs} repairs ({_one_line(problem)}); "
+        f"the labeler model's {what} stayed invalid after {max_repairs} repairs ({one_line(problem)}); "
         "use a stronger labeler.model or allow more labeler.max_repairs"
     )
 

@@ -118,7 +118,8 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     import ray
 
     from actors.rollout_coordinator import connect_ray, task_error
-    from trace_ray.capabilities.llm_labeler import LLMClient, label_trajectories_llm, propose_candidates
+    from trace_ray.capabilities.llm_labeler import label_trajectories_llm, propose_candidates
+    from trace_ray.llm_client import LLMClient
 
     labeler = config.labeler
     settings = {
@@ -129,7 +130,8 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     if cached_labeler(folder) == manifest:
         return read_run_files(folder), read_candidates(folder)
     client = LLMClient(
-        labeler.base_url, labeler.model, os.environ.get(labeler.api_key_env or ""), labeler.timeout_s, labeler.max_retries,
+        labeler.base_url, labeler.model, os.environ.get(labeler.api_key_env or ""), config_key="labeler",
+        timeout_s=labeler.timeout_s, max_retries=labeler.max_retries,
         response_format=labeler.response_format, max_tokens=labeler.max_tokens,
     )
     proposed = propose_candidates(

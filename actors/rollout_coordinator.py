@@ -86,26 +86,47 @@ class RolloutPool:
     env_actors: list
 
 
-def start_pool(config: TraceConfig) -> RolloutPool:
-    """Rollout workers and environment actors sized by ``config.rollout``."""
+def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool:
+    """Rollout workers and environment actors (of ``env``, default ``config.env``) sized by ``config.rollout``."""
     import ray
 
-    from actors.environment_actor import EnvironmentActor
     from actors.rollout_worker import RolloutWorker
 
     rollout = config.rollout
     threads = rollout.worker_threads or max(1, (os.cpu_count() or 1) // rollout.num_workers)
     worker_class = ray.remote(max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES, max_concurrency=WORKER_CONCURRENCY)(RolloutWorker)
-    env_class = ray.remote(max_restarts=-1, max_task_retries=0)(EnvironmentActor)
     workers = [
         worker_class.options(num_cpus=rollout.worker_cpus, num_gpus=rollout.worker_gpus).remote(
             config.model, config.engine, threads
         )
         for _ in range(rollout.num_workers)
     ]
-    env_actors = [env_class.options(num_cpus=rollout.env_actor_cpus).remote(config.env) for _ in range(rollout.num_env_actors)]
-    ray.get([worker.health.remote() for worker in workers] + [actor.ping.remote() for actor in env_actors])
+    env_actors = start_env_actors(config, env or config.env)
+    ray.get([worker.health.remote() for worker in workers])
     return RolloutPool(workers, env_actors)
+
+
+def start_env_actors(config: TraceConfig, env: EnvConfig) -> list:
+    """``config.rollout.num_env_actors`` environment actors of ``env``, alive when returned."""
+    import ray
+
+    from actors.environment_actor import EnvironmentActor
+
+    rollout = config.rollout
+    env_class = ray.remote(max_restarts=-1, max_task_retries=0)(EnvironmentActor)
+    env_actors = [env_class.options(num_cpus=rollout.env_actor_cpus).remote(env) for _ in range(rollout.num_env_actors)]
+    try:
+        ray.get([actor.ping.remote() for actor in env_actors])
+    except ray.exceptions.RayActorError as exc:
+        raise task_error(exc) from None
+    return env_actors
+
+
+def stop_env_actors(env_actors: list) -> None:
+    import ray
+
+    for actor in env_actors:
+        ray.kill(actor)
 
 
 class RayRolloutBackend:

@@ -83,6 +83,16 @@ class Environment(abc.ABC):
         The same seed gives the same fingerprint; different seeds must differ.
         """
 
+    def broken_oracle_message(self) -> Message:
+        """The oracle's next message with the step of the environment's capability broken.
+
+        Synthetic capability environments implement it: the self-checks play
+        it and require a lower reward than the oracle's (the capability is
+        necessary). Target environments train no single capability and keep
+        the default.
+        """
+        raise NotImplementedError(f"{type(self).__name__} targets no single capability")
+
     def capability_detectors(self) -> list[str]:
         """Names of the rule-based capabilities (``trace_ray.capabilities.rules.CATALOGUE``) whose detectors apply here.
 

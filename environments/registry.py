@@ -10,6 +10,7 @@ from environments.protocol import Environment
 # name -> "module:factory"; imported on use so optional packages stay optional.
 _FACTORIES: dict[str, str] = {
     "device": "environments.device.environment:DeviceEnvironment",
+    "synthetic": "environments.synthetic.factory:synthetic_environment",  # env=synthetic/<capability>
 }
 
 

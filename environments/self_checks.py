@@ -3,23 +3,36 @@
 - tool schemas are valid OpenAI function schemas;
 - the oracle solves every task with reward exactly 1.0;
 - a do-nothing agent and a wrong-action agent (the oracle's calls with every
-  argument corrupted, and no facts reported) stay below 1.0 on every task;
+  argument corrupted, and no facts reported) stay below 1.0 on every task,
+  and they and a random-action agent (random tools with random arguments)
+  stay clearly below on average (mean <= ``WEAK_MEAN``);
+- every reward lies in [0, 1];
 - the same seed gives the identical task; different seeds give different tasks.
 
-``trace-ray check-env`` prints them; the tests run them too.
+A synthetic capability environment (``target_tools`` given) must also
+- offer the target's tools unchanged (a subset is fine), and
+- need its capability: the oracle with the capability's step broken
+  (``broken_oracle_message``) scores below 1.0 on every task.
+
+``trace-ray check-env`` prints them; ``trace-ray synthesize`` admits an
+environment only when all pass; the tests run them too.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from environments.protocol import Environment, Message, ToolSchema
+from environments.tool_environment import broken_message
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _JSON_SCHEMA_TYPES = {"string", "integer", "number", "boolean", "array", "object"}
+WEAK_MEAN = 0.5  # the most a weak agent may score on average
+RANDOM_TURNS = 4  # tool-call turns of the random-action agent before it replies
 
 
 @dataclass
@@ -59,9 +72,27 @@ def schema_problems(tools: list[ToolSchema]) -> list[str]:
     return problems
 
 
+def tool_schema_mismatches(tools: list[ToolSchema], target_tools: list[ToolSchema]) -> list[str]:
+    """Tools of a synthetic environment that the target lacks or defines differently."""
+    target = {tool["function"]["name"]: tool["function"] for tool in target_tools}
+    problems = []
+    for tool in tools:
+        function = tool.get("function", {})
+        name = function.get("name")
+        if name not in target:
+            problems.append(f"tool {name!r} is not a tool of the target")
+        elif function.get("parameters") != target[name].get("parameters"):
+            problems.append(f"tool {name}: parameters differ from the target's")
+    return problems
+
+
 def play(env: Environment, seed: int, policy: Policy, max_steps: int = 100) -> tuple[float, dict[str, Any]]:
     """Run one episode with a scripted policy; (final reward, final info)."""
     env.reset(seed)
+    return _finish(env, seed, policy, max_steps)
+
+
+def _finish(env: Environment, seed: int, policy: Policy, max_steps: int) -> tuple[float, dict[str, Any]]:
     for _ in range(max_steps):
         result = env.step(policy(env))
         if result.done:
@@ -77,32 +108,49 @@ def do_nothing(env: Environment) -> Message:
     return {"role": "assistant", "content": "OK."}
 
 
-def _corrupt(value: Any) -> Any:
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, (int, float)):
-        return value + 7
-    if isinstance(value, str):
-        return value[::-1] if value != value[::-1] else value + "zzz"
-    if isinstance(value, list):
-        return [_corrupt(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _corrupt(item) for key, item in value.items()}
-    return value
-
-
 def wrong_action(env: Environment) -> Message:
     """The oracle's tool calls with every argument corrupted; plain replies say nothing useful."""
-    message = env.oracle_message()
-    calls = message.get("tool_calls") or []
-    if not calls:
-        return {"role": "assistant", "content": "Done."}
-    corrupted = []
-    for call in calls:
-        arguments = json.loads(call["function"]["arguments"] or "{}")
-        function = {**call["function"], "arguments": json.dumps(_corrupt(arguments))}
-        corrupted.append({**call, "function": function})
-    return {"role": "assistant", "content": None, "tool_calls": corrupted}
+    return broken_message(env.oracle_message())
+
+
+def broken_oracle(env: Environment) -> Message:
+    return env.broken_oracle_message()
+
+
+def _random_value(spec: dict[str, Any], rng: random.Random) -> Any:
+    if "enum" in spec:
+        return rng.choice(spec["enum"])
+    kind = spec.get("type")
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind in ("integer", "number"):
+        return rng.randint(0, 2_000_000_000)
+    if kind == "array":
+        return [_random_value(spec.get("items", {"type": "string"}), rng) for _ in range(rng.randint(0, 2))]
+    if kind == "object":
+        return {}
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789 ") for _ in range(rng.randint(1, 12)))
+
+
+def random_action(tools: list[ToolSchema], rng: random.Random) -> Policy:
+    """Random tools with random (schema-shaped) arguments for ``RANDOM_TURNS`` turns, then a short reply."""
+    def policy(env: Environment) -> Message:
+        if policy.turns >= RANDOM_TURNS or not tools:
+            return {"role": "assistant", "content": "Done."}
+        policy.turns += 1
+        function = rng.choice(tools)["function"]
+        properties = function.get("parameters", {}).get("properties", {})
+        arguments = {name: _random_value(spec, rng) for name, spec in properties.items() if rng.random() < 0.8}
+        call = {"id": f"call_random_{policy.turns}", "type": "function", "function": {"name": function["name"], "arguments": json.dumps(arguments)}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+    policy.turns = 0
+    return policy
+
+
+def play_random(env: Environment, seed: int, max_steps: int = 100) -> tuple[float, dict[str, Any]]:
+    tools = env.reset(seed).tools
+    return _finish(env, seed, random_action(tools, random.Random(seed)), max_steps)
 
 
 def _failures(seeds: list[int], failed: list[int]) -> str:
@@ -112,21 +160,48 @@ def _failures(seeds: list[int], failed: list[int]) -> str:
     return f"{len(seeds) - len(failed)}/{len(seeds)} tasks; failing seeds: {shown}{' ...' if len(failed) > 8 else ''}"
 
 
-def run_self_checks(make_env: Callable[[], Environment], seeds: list[int]) -> list[CheckResult]:
+def _weak_agent_check(name: str, seeds: list[int], rewards: list[float], every_task: bool) -> CheckResult:
+    """Mean reward at most WEAK_MEAN; with ``every_task`` also below 1.0 on every task."""
+    mean = sum(rewards) / len(rewards)
+    if not every_task:
+        return CheckResult(name, mean <= WEAK_MEAN, f"mean {mean:.2f} (at most {WEAK_MEAN})")
+    failed = [seed for seed, reward in zip(seeds, rewards) if reward >= 1.0]
+    return CheckResult(name, not failed and mean <= WEAK_MEAN, f"mean {mean:.2f} (at most {WEAK_MEAN}); " + _failures(seeds, failed))
+
+
+def run_self_checks(
+    make_env: Callable[[], Environment], seeds: list[int], target_tools: list[ToolSchema] | None = None,
+) -> list[CheckResult]:
+    """Every check on ``seeds``; ``target_tools`` marks a synthetic environment of that target."""
     env = make_env()
     results = []
 
     tools = env.reset(seeds[0]).tools
     problems = schema_problems(tools)
     results.append(CheckResult("tool schemas valid", not problems, "; ".join(problems) or f"{len(tools)} tools"))
+    if target_tools is not None:
+        mismatches = tool_schema_mismatches(tools, target_tools)
+        results.append(CheckResult("tools match the target's", not mismatches, "; ".join(mismatches) or f"{len(tools)} tools"))
 
-    for name, policy, wanted in (
-        ("oracle scores 1.0", oracle, lambda reward: reward == 1.0),
-        ("do-nothing agent scores < 1.0", do_nothing, lambda reward: reward < 1.0),
-        ("wrong-action agent scores < 1.0", wrong_action, lambda reward: reward < 1.0),
-    ):
-        failed = [seed for seed in seeds if not wanted(play(env, seed, policy)[0])]
-        results.append(CheckResult(name, not failed, _failures(seeds, failed)))
+    rewards: dict[str, list[float]] = {
+        "oracle": [play(env, seed, oracle)[0] for seed in seeds],
+        "do-nothing": [play(env, seed, do_nothing)[0] for seed in seeds],
+        "wrong-action": [play(env, seed, wrong_action)[0] for seed in seeds],
+        "random-action": [play_random(env, seed)[0] for seed in seeds],
+    }
+    failed = [seed for seed, reward in zip(seeds, rewards["oracle"]) if reward != 1.0]
+    results.append(CheckResult("oracle scores 1.0", not failed, _failures(seeds, failed)))
+    for agent in ("do-nothing", "wrong-action"):
+        results.append(_weak_agent_check(f"{agent} agent scores < 1.0, mean <= {WEAK_MEAN}", seeds, rewards[agent], every_task=True))
+    # a random agent may luck into a one-bit task (a setting on or off): judged on its mean only
+    results.append(_weak_agent_check(f"random-action agent mean <= {WEAK_MEAN}", seeds, rewards["random-action"], every_task=False))
+    if target_tools is not None:
+        broken = [play(env, seed, broken_oracle)[0] for seed in seeds]
+        failed = [seed for seed, reward in zip(seeds, broken) if reward >= 1.0]
+        results.append(CheckResult("capability necessary (broken step scores < 1.0)", not failed, _failures(seeds, failed)))
+        rewards["broken-step"] = broken
+    outside = sorted({seed for values in rewards.values() for seed, reward in zip(seeds, values) if not 0.0 <= reward <= 1.0})
+    results.append(CheckResult("rewards within [0, 1]", not outside, _failures(seeds, outside)))
 
     fresh = make_env()
     differing = [seed for seed in seeds if _reset_key(env, seed) != _reset_key(fresh, seed)]

@@ -99,6 +99,33 @@ def check_arguments(arguments: Any, parameters: dict[str, Any]) -> str | None:
     return None
 
 
+def corrupt(value: Any) -> Any:
+    """A wrong value of the same shape: booleans flipped, numbers shifted, strings reversed."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 7
+    if isinstance(value, str):
+        return value[::-1] if value != value[::-1] else value + "zzz"
+    if isinstance(value, list):
+        return [corrupt(item) for item in value]
+    if isinstance(value, dict):
+        return {key: corrupt(item) for key, item in value.items()}
+    return value
+
+
+def broken_message(message: Message) -> Message:
+    """``message`` done wrong: every tool call's arguments corrupted, or a reply that tells nothing."""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return {"role": "assistant", "content": "Done."}
+    broken = []
+    for call in calls:
+        arguments = json.loads(call["function"]["arguments"] or "{}")
+        broken.append({**call, "function": {**call["function"], "arguments": json.dumps(corrupt(arguments))}})
+    return {"role": "assistant", "content": None, "tool_calls": broken}
+
+
 def format_tool_result(value: Any) -> str:
     if isinstance(value, str):
         return value

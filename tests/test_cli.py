@@ -86,7 +86,7 @@ def test_cfg_prints_the_composed_config(capsys):
 def test_check_env_command_passes_on_device(capsys):
     assert main(["check-env", "env=device"]) == 0
     out = capsys.readouterr().out
-    assert out.count("PASS") == 6 and "all 6 self-checks passed" in out
+    assert out.count("PASS") == 8 and "all 8 self-checks passed" in out
 
 
 def test_score_with_tiny_model_writes_report_and_table(tmp_path, capsys):
@@ -111,7 +111,7 @@ def test_multirun_runs_every_job(tmp_path, capsys):
 def test_installed_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "trace_ray.cli", "score", "env=missing"], capture_output=True, text=True)
     assert done.returncode == 1
-    assert done.stderr.strip() == "trace-ray: error: unknown env 'missing'; choose one of: device (env=NAME)"
+    assert done.stderr.strip() == "trace-ray: error: unknown env 'missing'; choose one of: device, synthetic (env=NAME)"
 
 
 def test_vllm_engine_without_vllm_installed_is_one_clear_error(monkeypatch):

@@ -26,6 +26,7 @@ COMMANDS = {
     "score": "trace_ray.commands.score",
     "collect": "trace_ray.commands.collect",
     "identify": "trace_ray.commands.identify",
+    "synthesize": "trace_ray.commands.synthesize",
 }
 FLAGS = {"-m", "--multirun", "--cfg", "-h", "--help"}
 
@@ -88,11 +89,21 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     return [list(job) for batch in batches for job in batch]
 
 
+def _expand_synthetic(overrides: list[str]) -> list[str]:
+    """``env=synthetic/<capability>`` -> ``env=synthetic env.capability=<capability>``."""
+    expanded = []
+    for text in overrides:
+        match = re.fullmatch(r"env=synthetic/(.+)", text)
+        expanded += ["env=synthetic", f"env.capability={match.group(1)}"] if match else [text]
+    return expanded
+
+
 def compose_config(command: str, overrides: list[str]) -> TraceConfig:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    overrides = _expand_synthetic(overrides)
     _check_group_choices(_parse(overrides))
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

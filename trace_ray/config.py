@@ -22,6 +22,7 @@ SPLITS = ("analysis", "eval")
 ENGINES = ("hf", "vllm")
 LABELERS = ("rules", "llm", "precomputed")
 LABELER_RESPONSE_FORMATS = ("json_schema", "json_object")  # the labeler needs JSON answers
+SYNTHESIS_SOURCES = ("templates", "llm")
 
 
 @dataclass
@@ -67,6 +68,11 @@ class ModelConfig:
 @dataclass
 class EnvConfig:
     name: str = MISSING
+    # env=synthetic/<capability>: the capability, its spec in the run directory, and a difficulty
+    # overriding the calibrated one (null: the spec's)
+    capability: Optional[str] = None
+    spec: Optional[str] = None
+    difficulty: Optional[int] = None
     max_turns: int = MISSING
     max_tool_calls_per_turn: int = MISSING
     success_threshold: float = MISSING
@@ -133,6 +139,86 @@ class SelectionConfig:
 
 
 @dataclass
+class SynthesisConfig:
+    name: str = MISSING  # templates | llm
+    capabilities: Optional[list[str]] = None  # synthesize only these of selected.json (null: all)
+    self_check_seeds: int = MISSING  # test seeds every self-check runs on
+    # llm: an OpenAI-compatible endpoint and generation model, the variable holding its API key,
+    # sampling temperature, modules generated per capability before giving up, failed trajectories
+    # shown per capability (characters each), the answer's token limit, request timeout and tries,
+    # and the sandbox's limits per call (seconds, MiB of memory)
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    api_key_env: Optional[str] = None
+    temperature: Optional[float] = None
+    max_attempts: Optional[int] = None
+    examples: Optional[int] = None
+    max_chars: Optional[int] = None
+    max_tokens: Optional[int] = None
+    timeout_s: Optional[float] = None
+    max_retries: Optional[int] = None
+    call_timeout_s: Optional[float] = None
+    memory_mb: Optional[int] = None
+
+
+@dataclass
+class BandConfig:
+    mean_reward: list[float] = MISSING  # [low, high]
+    success_rate: list[float] = MISSING  # [low, high]
+    max_all_success: float = MISSING  # largest share of groups where every rollout succeeds
+    max_all_zero: float = MISSING  # largest share of groups where every reward is 0
+
+
+@dataclass
+class CalibrationConfig:
+    group_size: int = MISSING  # K rollouts per task seed
+    num_seeds: int = MISSING  # S task seeds
+    max_rounds: int = MISSING  # difficulty levels tried at most
+    pass_at: list[int] = MISSING  # the k of the pass@k reported
+    band: BandConfig = field(default_factory=BandConfig)
+
+
+@dataclass
+class GRPOConfig:
+    iterations: int = MISSING
+    group_size: int = MISSING
+    groups_per_batch: int = MISSING
+    temperature: float = MISSING
+    advantage: str = MISSING  # std | mean
+    advantage_eps: float = MISSING
+    min_informative_groups: int = MISSING
+    max_resample_batches: int = MISSING
+    ppo_epochs: int = MISSING
+    mini_batch_size: int = MISSING
+    clip_eps: float = MISSING
+    clip_eps_high: Optional[float] = None
+    kl_coef: float = MISSING
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    max_grad_norm: float = MISSING
+    plateau_patience: int = MISSING
+    plateau_delta: float = MISSING
+    checkpoint_every: int = MISSING
+    max_tokens_per_trajectory: Optional[int] = None
+
+
+@dataclass
+class LoRAConfig:
+    rank: int = MISSING
+    alpha: float = MISSING
+    dropout: float = MISSING
+    target_modules: list[str] = MISSING
+
+
+@dataclass
+class TrainerConfig:
+    num_workers: int = MISSING
+    use_gpu: bool = MISSING
+    cpus_per_worker: float = MISSING
+    storage_path: Optional[str] = None
+
+
+@dataclass
 class TraceConfig:
     command: str = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -150,6 +236,13 @@ class TraceConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     labeler: LabelerConfig = field(default_factory=LabelerConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
+    synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    capability: Optional[str] = None
+    adapter: Optional[str] = None
 
 
 def _require(condition: bool, message: str) -> None:
@@ -215,6 +308,11 @@ def validate(config: TraceConfig) -> TraceConfig:
             labeler.subsample_fraction is not None and 0 < labeler.subsample_fraction <= 1,
             f"labeler.subsample_fraction must be in (0, 1], got {labeler.subsample_fraction}",
         )
+    if env.name == "synthetic":
+        _require(bool(env.capability), "env=synthetic needs a capability: write env=synthetic/<capability>")
+        _require(bool(env.spec), "env=synthetic needs env.spec (conf/env/synthetic.yaml sets it from run_dir)")
+    _validate_synthesis(config.synthesis, config.calibration)
+    _validate_training(config.grpo, config.lora, config.trainer)
     from trace_ray.capabilities.aggregation import SelectionSettings
 
     SelectionSettings(**vars(config.selection))  # the selection rules check their own values
@@ -227,6 +325,52 @@ def validate(config: TraceConfig) -> TraceConfig:
         f"rollout.max_episode_tokens must be >= 1 or null, got {rollout.max_episode_tokens}",
     )
     return config
+
+
+def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConfig) -> None:
+    _require(synthesis.name in SYNTHESIS_SOURCES, f"synthesis={synthesis.name!r} is not one of {', '.join(SYNTHESIS_SOURCES)}")
+    _require(synthesis.self_check_seeds >= 2, f"synthesis.self_check_seeds must be >= 2, got {synthesis.self_check_seeds}")
+    if synthesis.name == "llm":
+        _require(bool(synthesis.base_url) and bool(synthesis.model), "synthesis=llm needs synthesis.base_url=http://HOST:PORT/v1 and synthesis.model=NAME")
+        for key in ("max_attempts", "examples", "max_chars", "timeout_s", "max_retries", "call_timeout_s", "memory_mb"):
+            _require((getattr(synthesis, key) or 0) > 0, f"synthesis.{key} must be > 0, got {getattr(synthesis, key)}")
+        _require((synthesis.temperature or 0) >= 0, f"synthesis.temperature must be >= 0, got {synthesis.temperature}")
+    _require(calibration.group_size >= 2, f"calibration.group_size must be >= 2 (groups compare rollouts), got {calibration.group_size}")
+    _require(calibration.num_seeds >= 1, f"calibration.num_seeds must be >= 1, got {calibration.num_seeds}")
+    _require(calibration.max_rounds >= 1, f"calibration.max_rounds must be >= 1, got {calibration.max_rounds}")
+    _require(all(k >= 1 for k in calibration.pass_at), f"calibration.pass_at must hold k >= 1, got {calibration.pass_at}")
+    band = calibration.band
+    for key in ("mean_reward", "success_rate"):
+        low_high = getattr(band, key)
+        _require(
+            len(low_high) == 2 and 0 <= low_high[0] <= low_high[1] <= 1,
+            f"calibration.band.{key} must be [low, high] with 0 <= low <= high <= 1, got {list(low_high)}",
+        )
+    for key in ("max_all_success", "max_all_zero"):
+        _require(0 <= getattr(band, key) <= 1, f"calibration.band.{key} must be in [0, 1], got {getattr(band, key)}")
+
+
+def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfig) -> None:
+    for key in ("iterations", "group_size", "groups_per_batch", "ppo_epochs", "mini_batch_size", "checkpoint_every", "plateau_patience"):
+        _require(getattr(grpo, key) >= 1, f"grpo.{key} must be >= 1, got {getattr(grpo, key)}")
+    _require(grpo.group_size >= 2, f"grpo.group_size must be >= 2 (advantages compare rollouts of one seed), got {grpo.group_size}")
+    _require(grpo.advantage in ("std", "mean"), f"grpo.advantage={grpo.advantage!r} is not one of std, mean")
+    _require(grpo.temperature > 0, f"grpo.temperature must be > 0 (GRPO samples), got {grpo.temperature}")
+    _require(0 < grpo.clip_eps < 1, f"grpo.clip_eps must be in (0, 1), got {grpo.clip_eps}")
+    _require(grpo.clip_eps_high is None or grpo.clip_eps_high > 0, f"grpo.clip_eps_high must be > 0 or null, got {grpo.clip_eps_high}")
+    _require(grpo.min_informative_groups >= 1, f"grpo.min_informative_groups must be >= 1, got {grpo.min_informative_groups}")
+    _require(grpo.min_informative_groups <= grpo.groups_per_batch * (grpo.max_resample_batches + 1),
+             "grpo.min_informative_groups exceeds the groups dynamic sampling can collect; raise grpo.max_resample_batches")
+    _require(grpo.max_resample_batches >= 0, f"grpo.max_resample_batches must be >= 0, got {grpo.max_resample_batches}")
+    for key in ("kl_coef", "weight_decay", "advantage_eps", "plateau_delta"):
+        _require(getattr(grpo, key) >= 0, f"grpo.{key} must be >= 0, got {getattr(grpo, key)}")
+    _require(grpo.lr > 0 and grpo.max_grad_norm > 0, "grpo.lr and grpo.max_grad_norm must be > 0")
+    _require(grpo.max_tokens_per_trajectory is None or grpo.max_tokens_per_trajectory >= 2,
+             f"grpo.max_tokens_per_trajectory must be >= 2 or null, got {grpo.max_tokens_per_trajectory}")
+    _require(lora.rank >= 1 and lora.alpha > 0, f"lora.rank must be >= 1 and lora.alpha > 0, got {lora.rank}, {lora.alpha}")
+    _require(0 <= lora.dropout < 1, f"lora.dropout must be in [0, 1), got {lora.dropout}")
+    _require(bool(lora.target_modules), "lora.target_modules must name at least one module (e.g. [q_proj, v_proj])")
+    _require(trainer.num_workers >= 1 and trainer.cpus_per_worker > 0, "trainer.num_workers must be >= 1 and trainer.cpus_per_worker > 0")
 
 
 def to_typed(composed: DictConfig | dict[str, Any]) -> TraceConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 from environments.protocol import Environment
@@ -20,5 +21,12 @@ def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
         max_tool_calls_per_turn=env.max_tool_calls_per_turn,
         success_threshold=env.success_threshold,
     )
+    if env.name == "synthetic":
+        if not Path(env.spec).is_file():
+            raise TraceRayError(
+                f"no synthetic environment for capability {env.capability!r}: {env.spec} does not exist; "
+                "run trace-ray synthesize run_dir=... first (or fix run_dir)"
+            )
+        options.update(spec=env.spec, difficulty=env.difficulty)
     return lambda: factory(**options)
 

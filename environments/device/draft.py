@@ -45,6 +45,7 @@ class Draft:
         self.minefields: list[Milestone] = []
         self.oracle: list[Message] = []
         self.clarification: str | None = None
+        self.capability_turns: list[int] = []  # oracle turns that exercise a synthetic environment's capability
         self._first_names = rng.sample(FIRST_NAMES, len(FIRST_NAMES))
         self._chats = rng.sample(CHAT_MESSAGES, len(CHAT_MESSAGES))
         self._tasks = rng.sample(TASKS, len(TASKS))
@@ -132,3 +133,7 @@ class Draft:
     def say(self, text: str) -> None:
         """Append an oracle turn that replies to the user."""
         self.oracle.append({"role": "assistant", "content": text})
+
+    def mark_capability_step(self) -> None:
+        """Mark the last oracle turn as the step the task's capability names (the self-checks break it)."""
+        self.capability_turns.append(len(self.oracle) - 1)

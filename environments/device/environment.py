@@ -45,8 +45,12 @@ class DeviceEnvironment(ToolEnvironment):
         return TRAIN_SEED_OFFSET + index
 
     # -- the episode ----------------------------------------------------------------------
+    def make_scenario(self, seed: int) -> Scenario:
+        """The task of ``seed`` (synthetic capability environments draw theirs from a template)."""
+        return make_scenario(seed)
+
     def start_episode(self, seed: int) -> tuple[list[Message], list[Tool], dict[str, Any]]:
-        self.scenario = make_scenario(seed)
+        self.scenario = self.make_scenario(seed)
         self.state = self.scenario.state.copy()
         self._clarified = False
         messages = [{"role": "system", "content": POLICY}, {"role": "user", "content": self.scenario.request}]

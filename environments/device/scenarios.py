@@ -43,6 +43,7 @@ class Scenario:
     minefields: list[Milestone]
     oracle: list[Message]
     clarification: str | None = None
+    capability_turns: tuple[int, ...] = ()  # oracle turns of a synthetic environment's capability step
 
 
 def make_scenario(seed: int) -> Scenario:
@@ -53,24 +54,24 @@ def make_scenario(seed: int) -> Scenario:
 
 
 # -- wording ------------------------------------------------------------------------------
-def _capital(text: str) -> str:
+def capital(text: str) -> str:
     return text[0].upper() + text[1:]
 
 
-def _sentence(*clauses: str) -> str:
+def sentence(*clauses: str) -> str:
     """``a``, ``a and b``, ``a, b, and c`` as one capitalised sentence."""
     if len(clauses) == 1:
         text = clauses[0]
     else:
         text = ", ".join(clauses[:-1]) + (", and " if len(clauses) > 2 else " and ") + clauses[-1]
-    return _capital(text) + "."
+    return capital(text) + "."
 
 
 def _on_off(on: bool) -> str:
     return "on" if on else "off"
 
 
-def _spoken_clock(hour: int, minute: int) -> str:
+def spoken_clock(hour: int, minute: int) -> str:
     """``5pm``, ``8:30am``, ``noon``."""
     if (hour, minute) == (12, 0):
         return "noon"
@@ -78,20 +79,20 @@ def _spoken_clock(hour: int, minute: int) -> str:
     return f"{hour % 12 or 12}{suffix}" if minute == 0 else f"{hour % 12 or 12}:{minute:02d}{suffix}"
 
 
-def _as_typed(rng: random.Random, phone_number: str) -> str:
+def as_typed(rng: random.Random, phone_number: str) -> str:
     """A phone number the way a person types it."""
     d = national_digits(phone_number)
     return rng.choice([f"({d[:3]}) {d[3:6]}-{d[6:]}", f"{d[:3]}-{d[3:6]}-{d[6:]}", f"{d[:3]} {d[3:6]} {d[6:]}", d])
 
 
-def _reference(draft: Draft, contact: Contact) -> tuple[str, dict[str, str]]:
+def contact_reference(draft: Draft, contact: Contact) -> tuple[str, dict[str, str]]:
     """How the user names a contact (full name, or "my sister"), and the oracle's matching search."""
     if contact.relationship in CLOSE_RELATIONSHIPS and draft.rng.random() < 0.5:
         return f"my {contact.relationship}", {"relationship": contact.relationship}
     return contact.name, {"name": contact.name}
 
 
-def _outgoing(rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
+def outgoing_message(rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
     """A message to send: request wording, message text, words the sent text must contain."""
     wording, text, words, fillers = rng.choice(OUTGOING_MESSAGES)
     filler = rng.choice(fillers)
@@ -99,16 +100,16 @@ def _outgoing(rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
 
 
 # -- actions shared by the families: each returns (request clause, reply sentence) ----------------
-def _set_setting(draft: Draft, setting: str, on: bool) -> tuple[str, str]:
+def set_setting(draft: Draft, setting: str, on: bool) -> tuple[str, str]:
     name = draft.rng.choice(SETTING_NAMES[setting])
     verb = draft.rng.choice(["turn on", "switch on", "enable"] if on else ["turn off", "switch off", "disable"])
     setattr(draft.state.settings, setting, not on)
     draft.milestone(f"{setting} {_on_off(on)}", SettingIs(setting, on), 2)
     draft.call(f"set_{setting}_status", on=on)
-    return f"{verb} {name}", f"{_capital(name)} is now {_on_off(on)}."
+    return f"{verb} {name}", f"{capital(name)} is now {_on_off(on)}."
 
 
-def _send(draft: Draft, phone_number: str, content: str) -> str:
+def send(draft: Draft, phone_number: str, content: str) -> str:
     """The oracle's send. With cellular off it fails first, restores service and retries; returns a note for the user."""
     settings = draft.state.settings
     draft.call("send_message_with_phone_number", phone_number=phone_number, content=content)
@@ -126,18 +127,18 @@ def _send(draft: Draft, phone_number: str, content: str) -> str:
     return note
 
 
-def _text_contact(draft: Draft, contact: Contact) -> tuple[str, str]:
-    reference, search = _reference(draft, contact)
-    wording, content, words = _outgoing(draft.rng)
+def text_contact(draft: Draft, contact: Contact) -> tuple[str, str]:
+    reference, search = contact_reference(draft, contact)
+    wording, content, words = outgoing_message(draft.rng)
     draft.milestone(f"looked up {contact.name}", ToolCalled("search_contacts"))
     draft.milestone(f"texted {contact.name}", MessageSent(contact.phone_number, words), 2)
     draft.minefield("texted someone else", SentToOther(contact.phone_number))
     draft.call("search_contacts", **search)
-    note = _send(draft, contact.phone_number, content)
+    note = send(draft, contact.phone_number, content)
     return f"text {reference} {wording}", f'I texted {contact.name}: "{content}"{note}'
 
 
-def _remind(draft: Draft, kind: str) -> tuple[str, str]:
+def remind(draft: Draft, kind: str) -> tuple[str, str]:
     """A reminder at a time relative to now: ``tomorrow``, ``in_hours``, ``next_weekday`` or ``first_of_next_month``."""
     rng, now = draft.rng, draft.now
     task, word = draft.take_task()
@@ -150,7 +151,7 @@ def _remind(draft: Draft, kind: str) -> tuple[str, str]:
         draft.call("shift_timestamp", timestamp=draft.state.now, **{unit: amount})
     elif kind == "tomorrow":
         day = to_datetime(draft.state.now + DAY)
-        when = f"tomorrow at {_spoken_clock(hour, minute)}"
+        when = f"tomorrow at {spoken_clock(hour, minute)}"
         draft.call("shift_timestamp", timestamp=draft.state.now, days=1)
         draft.call("timestamp_to_datetime_info", timestamp=draft.state.now + DAY)
         target = _timestamp_call(draft, day.year, day.month, day.day, hour, minute)
@@ -158,17 +159,17 @@ def _remind(draft: Draft, kind: str) -> tuple[str, str]:
         weekday = rng.randrange(7)
         days = (weekday - now.weekday() - 1) % 7 + 1
         day = to_datetime(draft.state.now + days * DAY)
-        when = f"next {WEEKDAYS[weekday]} at {_spoken_clock(hour, minute)}"
+        when = f"next {WEEKDAYS[weekday]} at {spoken_clock(hour, minute)}"
         draft.call("timestamp_to_datetime_info", timestamp=draft.state.now)
         draft.call("shift_timestamp", timestamp=draft.state.now, days=days)
         draft.call("timestamp_to_datetime_info", timestamp=draft.state.now + days * DAY)
         target = _timestamp_call(draft, day.year, day.month, day.day, hour, minute)
     else:
         year, month = (now.year + 1, 1) if now.month == 12 else (now.year, now.month + 1)
-        when = f"on the 1st of next month at {_spoken_clock(hour, minute)}"
+        when = f"on the 1st of next month at {spoken_clock(hour, minute)}"
         draft.call("timestamp_to_datetime_info", timestamp=draft.state.now)
         target = _timestamp_call(draft, year, month, 1, hour, minute)
-    content = _capital(task)
+    content = capital(task)
     draft.call("add_reminder", content=content, reminder_timestamp=target)
     draft.milestone("checked the current time", ToolCalled("get_current_timestamp"))
     draft.milestone(f"reminder about {word}", ReminderSet((word,)))
@@ -182,27 +183,27 @@ def _timestamp_call(draft: Draft, year: int, month: int, day: int, hour: int, mi
     return to_timestamp(utc(year, month, day, hour, minute))
 
 
-def _save_new_contact(draft: Draft) -> tuple[str, str]:
+def save_new_contact(draft: Draft) -> tuple[str, str]:
     name, number = draft.new_name(), draft.new_phone_number()
     relationship = draft.rng.choice(COMMON_RELATIONSHIPS)
     draft.milestone(f"saved {name}", ContactSaved(name, number, relationship), 2)
     draft.call("add_contact", name=name, phone_number=number, relationship=relationship)
     return (
-        f"save {name} to my contacts as a {relationship} with the number {_as_typed(draft.rng, number)}",
+        f"save {name} to my contacts as a {relationship} with the number {as_typed(draft.rng, number)}",
         f"I saved {name} ({number}) as a {relationship}.",
     )
 
 
-def _change_number(draft: Draft) -> tuple[str, str]:
+def change_number(draft: Draft) -> tuple[str, str]:
     contact = draft.add_contact(draft.rng.choice(COMMON_RELATIONSHIPS))
     number = draft.new_phone_number()
     draft.milestone(f"{contact.name} has the new number", ContactSaved(contact.name, number), 2)
     draft.call("search_contacts", name=contact.name)
     draft.call("modify_contact", person_id=contact.person_id, phone_number=number)
-    return f"change {contact.name}'s number to {_as_typed(draft.rng, number)}", f"{contact.name}'s number is now {number}."
+    return f"change {contact.name}'s number to {as_typed(draft.rng, number)}", f"{contact.name}'s number is now {number}."
 
 
-def _delete_reminder(draft: Draft) -> tuple[str, str]:
+def delete_reminder(draft: Draft) -> tuple[str, str]:
     task, word = draft.take_task()
     others = [reminder.reminder_id for reminder in draft.state.reminders]
     reminder = draft.add_reminder(task, draft.state.now + draft.rng.randint(1, 20) * DAY + draft.rng.randint(0, 95) * 900)
@@ -216,9 +217,9 @@ def _delete_reminder(draft: Draft) -> tuple[str, str]:
 
 # -- the families: each builds the scenario on the draft and returns the user's request ------------
 def _simple_settings(draft: Draft) -> str:
-    request, reply = _set_setting(draft, draft.rng.choice(SETTINGS), draft.rng.random() < 0.5)
+    request, reply = set_setting(draft, draft.rng.choice(SETTINGS), draft.rng.random() < 0.5)
     draft.say(reply)
-    return _sentence(request)
+    return sentence(request)
 
 
 def _blocked_settings(draft: Draft) -> str:
@@ -233,7 +234,7 @@ def _blocked_settings(draft: Draft) -> str:
     draft.call(f"set_{setting}_status", on=True)  # refused
     draft.call("set_low_battery_mode_status", on=False)
     draft.call(f"set_{setting}_status", on=True)
-    draft.say(f"{_capital(name)} is on now. I had to turn off low battery mode first, because it was blocking {name}.")
+    draft.say(f"{capital(name)} is on now. I had to turn off low battery mode first, because it was blocking {name}.")
     return draft.rng.choice([f"Turn on {name}.", f"Please switch {name} on.", f"I need {name}, can you turn it on?"])
 
 
@@ -243,25 +244,25 @@ def _message_contact(draft: Draft) -> str:
     roll = draft.rng.random()
     draft.state.settings.cellular_service = roll >= 1 / 3
     draft.state.settings.low_battery_mode = roll < 1 / 6
-    request, reply = _text_contact(draft, contact)
+    request, reply = text_contact(draft, contact)
     draft.say(reply)
-    return _sentence(request)
+    return sentence(request)
 
 
 def _relative_reminder(draft: Draft) -> str:
-    request, reply = _remind(draft, draft.rng.choice(["tomorrow", "in_hours", "next_weekday", "first_of_next_month"]))
+    request, reply = remind(draft, draft.rng.choice(["tomorrow", "in_hours", "next_weekday", "first_of_next_month"]))
     draft.say(reply)
-    return _sentence(request)
+    return sentence(request)
 
 
 _COMPOUND_SETTINGS = (("wifi", True), ("wifi", False), ("location_service", True), ("location_service", False), ("low_battery_mode", True))
 _COMPOUND_PARTS: dict[str, Callable[[Draft], tuple[str, str]]] = {
-    "setting": lambda draft: _set_setting(draft, *draft.rng.choice(_COMPOUND_SETTINGS)),
-    "message": lambda draft: _text_contact(draft, draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS))),
-    "reminder": lambda draft: _remind(draft, draft.rng.choice(["tomorrow", "in_hours"])),
-    "new_contact": _save_new_contact,
-    "new_number": _change_number,
-    "delete_reminder": _delete_reminder,
+    "setting": lambda draft: set_setting(draft, *draft.rng.choice(_COMPOUND_SETTINGS)),
+    "message": lambda draft: text_contact(draft, draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS))),
+    "reminder": lambda draft: remind(draft, draft.rng.choice(["tomorrow", "in_hours"])),
+    "new_contact": save_new_contact,
+    "new_number": change_number,
+    "delete_reminder": delete_reminder,
 }
 
 
@@ -269,12 +270,12 @@ def _compound_request(draft: Draft) -> str:
     parts = draft.rng.sample(sorted(_COMPOUND_PARTS), draft.rng.choice([2, 2, 3]))
     requests, replies = zip(*(_COMPOUND_PARTS[part](draft) for part in parts))
     draft.say(" ".join(replies))
-    return _sentence(*requests)
+    return sentence(*requests)
 
 
 def _lookup_phone_number(draft: Draft) -> str:
     contact = draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS))
-    reference, search = _reference(draft, contact)
+    reference, search = contact_reference(draft, contact)
     draft.milestone(f"looked up {contact.name}", ToolCalled("search_contacts"))
     draft.milestone("reported the phone number", Reported((PhoneFact(contact.phone_number),)), 2)
     draft.call("search_contacts", **search)
@@ -291,7 +292,7 @@ def _lookup_latest_message(draft: Draft) -> str:
         received.append((draft.add_message(contact, owner, text, draft.past_time(5 * DAY, 7200)), word))
     draft.add_message(owner, contact, draft.take_chat()[0], draft.past_time(3600, 60))
     latest, word = max(received, key=lambda pair: pair[0].creation_timestamp)
-    reference, search = _reference(draft, contact)
+    reference, search = contact_reference(draft, contact)
     draft.milestone("searched the messages", ToolCalled("search_messages"))
     draft.milestone("reported the latest message", Reported((TextFact((word,)),)), 2)
     draft.call("search_contacts", **search)
@@ -366,7 +367,7 @@ def _ambiguous_contact(draft: Draft) -> str:
     first = draft.take_first_name()
     pair = [draft.add_contact(relationship, first=first) for relationship in draft.rng.sample(COMMON_RELATIONSHIPS + CLOSE_RELATIONSHIPS, 2)]
     target = draft.rng.choice(pair)
-    wording, content, words = _outgoing(draft.rng)
+    wording, content, words = outgoing_message(draft.rng)
     draft.clarification = draft.rng.choice([f"I mean {target.name}.", f"The one who's my {target.relationship}."])
     draft.milestone(f"looked up {first}", ToolCalled("search_contacts"))
     draft.milestone(f"asked which {first}", AskedUser())
@@ -379,7 +380,7 @@ def _ambiguous_contact(draft: Draft) -> str:
     )
     draft.call("send_message_with_phone_number", phone_number=target.phone_number, content=content)
     draft.say(f'I texted {target.name}: "{content}"')
-    return _sentence(f"text {first} {wording}")
+    return sentence(f"text {first} {wording}")
 
 
 _FAMILIES: dict[str, Callable[[Draft], str]] = {

@@ -1,0 +1,73 @@
+"""Synthetic capability environments on the device target (``synthesis=templates``).
+
+A :class:`DeviceTemplateEnvironment` is the device environment (same tools,
+state, policy text, scripted user and milestone score with partial credit)
+whose tasks come from one capability's template
+(``environments/device/synthetic_templates.py``) at one difficulty, so every
+task needs that capability. Its seeds are disjoint from the device benchmark.
+"""
+
+from __future__ import annotations
+
+import random
+
+from environments.device.draft import Draft
+from environments.device.environment import DeviceEnvironment
+from environments.device.scenarios import Scenario
+from environments.device.synthetic_templates import TEMPLATES, DeviceTemplate
+from environments.protocol import Message
+from environments.tool_environment import broken_message
+
+SYNTHETIC_SPLIT_SEEDS = {"analysis": tuple(range(500_000, 500_032)), "eval": tuple(range(500_032, 500_064))}
+SYNTHETIC_TRAIN_SEED_OFFSET = 2_000_000
+
+
+def device_template(capability: str) -> DeviceTemplate:
+    if capability not in TEMPLATES:
+        raise ValueError(f"no device template for capability {capability!r}; templates: {', '.join(sorted(TEMPLATES))}")
+    return TEMPLATES[capability]
+
+
+def make_template_scenario(template: DeviceTemplate, seed: int, difficulty: int) -> Scenario:
+    draft = Draft(random.Random(f"{template.capability}/{difficulty}/{seed}"))
+    request = template.build(draft, difficulty)
+    return Scenario(
+        seed, f"synthetic/{template.capability}", request, draft.state, draft.milestones, draft.minefields, draft.oracle,
+        draft.clarification, tuple(draft.capability_turns),
+    )
+
+
+class DeviceTemplateEnvironment(DeviceEnvironment):
+    def __init__(
+        self, capability: str, difficulty: int, max_turns: int = 50, max_tool_calls_per_turn: int = 8,
+        success_threshold: float = 1.0,
+    ):
+        super().__init__(max_turns=max_turns, max_tool_calls_per_turn=max_tool_calls_per_turn, success_threshold=success_threshold)
+        self.template = device_template(capability)
+        if difficulty not in self.template.difficulties:
+            raise ValueError(f"difficulty {difficulty} of {capability!r} is not one of {list(self.template.difficulties)}")
+        self.difficulty = difficulty
+        self.name = f"synthetic/{capability}"
+
+    def task_seeds(self, split: str) -> list[int]:
+        if split not in SYNTHETIC_SPLIT_SEEDS:
+            raise ValueError(f"unknown split {split!r}; a synthetic environment has analysis and eval seeds (train: train_seed)")
+        return list(SYNTHETIC_SPLIT_SEEDS[split])
+
+    def train_seed(self, index: int) -> int:
+        if index < 0:
+            raise ValueError("train seed index must be >= 0")
+        return SYNTHETIC_TRAIN_SEED_OFFSET + index
+
+    def make_scenario(self, seed: int) -> Scenario:
+        return make_template_scenario(self.template, seed, self.difficulty)
+
+    def capability_detectors(self) -> list[str]:
+        return []
+
+    def capability_evidence(self, seed: int) -> dict:
+        return {}
+
+    def broken_oracle_message(self) -> Message:
+        message = self.oracle_message()
+        return broken_message(message) if self.log.turns in self.scenario.capability_turns else message

@@ -1,0 +1,1 @@
+"""Synthetic capability environments: generated modules and the sandbox they run in."""

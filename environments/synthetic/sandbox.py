@@ -1,0 +1,269 @@
+"""Run a generated environment module in a sandboxed child process (``synthesis=llm``).
+
+The generated module's contract
+-------------------------------
+(The generation prompt quotes this section.) A generated module is one
+Python file that implements a synthetic training environment for one
+capability. It defines
+
+- ``DIFFICULTIES``: a non-empty tuple of ints, the difficulty levels from easy
+  to hard (harder levels give harder tasks of the same capability);
+- ``make_environment(difficulty: int, max_turns: int, max_tool_calls_per_turn: int,
+  success_threshold: float)``, called with these keyword arguments, returning
+  an object that implements the environment protocol of
+  ``environments.protocol.Environment``: ``task_seeds(split)``,
+  ``train_seed(index)``, ``reset(seed) -> ResetResult``,
+  ``step(assistant_message) -> StepResult``, ``oracle_message()``,
+  ``broken_oracle_message()`` (the oracle's next message with the
+  capability's step broken), ``task_fingerprint()``, and optionally
+  ``example_exchange()``, ``capability_detectors()``,
+  ``capability_evidence(seed)``.
+
+It may import ``environments.protocol`` and ``environments.tool_environment``
+(subclassing ``ToolEnvironment`` is the easy way) and the standard library.
+Everything it returns must be plain JSON (dicts, lists, strings, numbers,
+booleans, None). It runs without network access, with a time limit on every
+call, a memory limit, and a fresh scratch directory as its working directory;
+what it prints is kept apart (its last line shows in a crash report) and never
+reaches the agent.
+
+The sandbox
+-----------
+:class:`SandboxedEnvironment` starts ``python -m
+environments.synthetic.sandbox_child`` (see that module for what the child
+does before importing the module: private channel, no network, memory cap)
+in a new session, with a fresh scratch directory as working directory and
+HOME, and a minimal environment (PATH, PYTHONPATH = the project root,
+PYTHONHASHSEED=0). It proxies every protocol method over JSON lines on the
+child's stdin/stdout and waits for each answer with a deadline (select on the
+pipe). A timeout, a memory error, a network attempt or a crash kills the
+child's process group and raises :class:`SandboxError`; every later call
+raises it too. An exception raised by the module's own method is a
+SandboxError as well, but leaves the sandbox usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from environments.protocol import Environment, Message, ResetResult, StepResult
+from environments.synthetic.sandbox_child import MEMORY_EXIT_STATUS
+from trace_ray.errors import TraceRayError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # holds the environments package
+
+
+@dataclass
+class SandboxLimits:
+    call_timeout_s: float = 10.0  # per protocol call
+    memory_mb: int = 1024  # address space of the child process
+    start_timeout_s: float = 30.0  # importing the module and make_environment
+
+
+class SandboxError(TraceRayError):
+    """A generated module failed in its sandbox; the one-line message names the module, the call and the cause."""
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class SandboxedEnvironment(Environment):
+    """The environment of a generated module, running in a sandboxed child process.
+
+    ``difficulty=None`` picks the middle level of the module's ``DIFFICULTIES``.
+    """
+
+    def __init__(
+        self, module_path: str | Path, difficulty: int | None, max_turns: int = 50, max_tool_calls_per_turn: int = 8,
+        success_threshold: float = 1.0, limits: SandboxLimits | None = None,
+    ) -> None:
+        self.module_path = Path(module_path).resolve()
+        self.limits = limits or SandboxLimits()
+        self._process: subprocess.Popen | None = None
+        self._stopped: str | None = None  # why the sandbox no longer answers
+        self._group_killed = False
+        self._buffer = bytearray()
+        if not self.module_path.is_file():
+            self._stopped = "no module"
+            raise SandboxError(f"synthetic module {self.module_path}: no such file")
+        self._scratch = tempfile.mkdtemp(prefix="trace-ray-sandbox-")
+        self._stderr = tempfile.TemporaryFile(mode="a+b")  # append-only: the child's writes never overwrite
+        options = {
+            "difficulty": difficulty, "max_turns": max_turns, "max_tool_calls_per_turn": max_tool_calls_per_turn,
+            "success_threshold": success_threshold, "memory_mb": self.limits.memory_mb,
+        }
+        child_env = {
+            "PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(PROJECT_ROOT), "HOME": self._scratch,
+            "TMPDIR": self._scratch, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+        }
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "environments.synthetic.sandbox_child", str(self.module_path), json.dumps(options)],
+            cwd=self._scratch, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+            start_new_session=True, close_fds=True,
+        )
+        try:
+            hello = self._receive("start (import and make_environment)", self.limits.start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self.name = hello["name"] or f"synthetic/{self.module_path.stem}"
+        self.difficulty: int = hello["difficulty"]
+        self._difficulties = tuple(hello["difficulties"])
+        self.network_isolation: str = hello["network"]  # how the child is cut off the network, in words
+
+    # -- the protocol, proxied ------------------------------------------------------------------
+    def difficulties(self) -> tuple[int, ...]:
+        """The module's ``DIFFICULTIES``, easy -> hard."""
+        return self._difficulties
+
+    def task_seeds(self, split: str) -> list[int]:
+        return self._call("task_seeds", split)
+
+    def train_seed(self, index: int) -> int:
+        return self._call("train_seed", index)
+
+    def reset(self, seed: int) -> ResetResult:
+        value = self._call("reset", seed)
+        return ResetResult(messages=value["messages"], tools=value["tools"], info=value["info"])
+
+    def step(self, assistant_message: Message) -> StepResult:
+        value = self._call("step", assistant_message)
+        return StepResult(messages=value["messages"], reward=value["reward"], done=value["done"], info=value["info"])
+
+    def oracle_message(self) -> Message:
+        return self._call("oracle_message")
+
+    def broken_oracle_message(self) -> Message:
+        return self._call("broken_oracle_message")
+
+    def task_fingerprint(self) -> str:
+        return self._call("task_fingerprint")
+
+    def example_exchange(self) -> list[Message]:
+        return self._call("example_exchange")
+
+    def capability_detectors(self) -> list[str]:
+        return self._call("capability_detectors")
+
+    def capability_evidence(self, seed: int) -> dict[str, Any]:
+        return self._call("capability_evidence", seed)
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the child and remove its scratch directory; idempotent."""
+        if self._process is None:
+            return
+        self._stop("closed")
+        for stream in (self._process.stdin, self._process.stdout, self._stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        self._process = None
+
+    def __enter__(self) -> SandboxedEnvironment:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- the channel ----------------------------------------------------------------------------
+    def _call(self, method: str, *args: Any) -> Any:
+        shown = "step(message)" if method == "step" else f"{method}({', '.join(repr(arg) for arg in args)})"
+        if self._stopped:
+            raise SandboxError(f"synthetic module {self.module_path.name}: {shown} called on a stopped sandbox ({self._stopped})")
+        request = json.dumps({"method": method, "args": list(args)}) + "\n"
+        try:
+            self._process.stdin.write(request.encode("utf-8"))
+            self._process.stdin.flush()
+        except OSError:  # the child is gone
+            raise self._failure(shown, self._exit_cause()) from None
+        return self._receive(shown, self.limits.call_timeout_s)
+
+    def _receive(self, call: str, timeout_s: float) -> Any:
+        """The value of the child's next answer, within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        fd = self._process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                limit = "start_timeout_s" if call.startswith("start") else "synthesis.call_timeout_s"
+                raise self._failure(call, f"did not return within {timeout_s:g} s (the sandbox's time limit, {limit}); the sandbox was stopped")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise self._failure(call, self._exit_cause())
+            self._buffer += chunk
+        end = self._buffer.index(b"\n")
+        line, self._buffer = bytes(self._buffer[:end]), self._buffer[end + 1:]
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            raise self._failure(call, f"the sandbox answered something that is not JSON ({_one_line(line.decode(errors='replace'), 80)})") from None
+        if answer["ok"]:
+            return answer["value"]
+        call = answer.get("call", call)
+        kind, message = answer["kind"], answer["message"]
+        if kind == "memory":
+            raise self._failure(call, f"exceeded the memory limit of {self.limits.memory_mb} MB (MemoryError; synthesis.memory_mb); the sandbox was stopped")
+        if kind == "network":
+            raise self._failure(call, f"attempted network access ({message}), which is disabled in the sandbox; the sandbox was stopped")
+        if kind == "invalid":
+            raise self._failure(call, f"failed: {message}")
+        if call.startswith("start"):
+            raise self._failure(call, f"raised {message}")
+        raise SandboxError(f"synthetic module {self.module_path.name}: {call} raised {message}")  # the child lives on
+
+    def _failure(self, call: str, cause: str) -> SandboxError:
+        """Stop the child; the error to raise."""
+        self._stop(f"{call} failed")
+        return SandboxError(f"synthetic module {self.module_path.name}: {call} {cause}")
+
+    def _stop(self, reason: str) -> None:
+        """Kill the child's process group (once: the group id is not ours after that) and reap the child."""
+        self._stopped = self._stopped or reason
+        if self._process is None or self._group_killed:
+            return
+        self._group_killed = True
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)  # the child leads its own session: whatever it started goes too
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._process.wait()
+
+    def _exit_cause(self) -> str:
+        """Why the child ended, in words."""
+        try:
+            status = self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # it closed its channel but lives on
+            self._stop("hung after closing its channel")
+            status = self._process.returncode
+        if status == MEMORY_EXIT_STATUS:
+            return f"exceeded the memory limit of {self.limits.memory_mb} MB (MemoryError; synthesis.memory_mb); the sandbox was stopped"
+        if status < 0:
+            name = signal.Signals(-status).name if -status in signal.valid_signals() else str(-status)
+            return f"crashed: the sandbox process was killed by {name}"
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - 4000))
+        lines = [line for line in self._stderr.read().decode("utf-8", errors="replace").splitlines() if line.strip()]
+        last = f" (last output: {_one_line(lines[-1], 160)})" if lines else ""
+        return f"crashed: the sandbox process exited with status {status}{last}"

@@ -1,0 +1,182 @@
+"""``trace-ray synthesize``: environments per selected capability, self-checked and calibrated; bad inputs."""
+
+import json
+
+import pytest
+
+from environments.device.milestones import Reported, SettingIs, TextFact
+from environments.device.synthetic_templates import TEMPLATES, DeviceTemplate
+from trace_ray.cli import compose_config, main
+from trace_ray.commands import synthesize
+from trace_ray.errors import TraceRayError
+from tests.test_llm_labeler import server  # noqa: F401  (the recorded OpenAI-compatible server)
+
+SETTINGS = ("wifi", "location_service", "cellular_service")
+
+
+def switch_settings(draft, difficulty):
+    """Turn ``difficulty`` settings on, then say which; the capability step is the last switch."""
+    names = draft.rng.sample(SETTINGS, difficulty)
+    for name in names:
+        setattr(draft.state.settings, name, False)
+        draft.milestone(f"{name} on", SettingIs(name, True), 2)
+        draft.call(f"set_{name}_status", on=True)
+    draft.mark_capability_step()
+    draft.milestone("reported", Reported((TextFact((names[-1].replace("_", " "),)),)))
+    draft.say(f"I turned on {', '.join(n.replace('_', ' ') for n in names)}.")
+    return f"Turn on {', '.join(n.replace('_', ' ') for n in names)}."
+
+
+def no_oracle(draft, difficulty):
+    """A template whose oracle does nothing: its self-checks must fail."""
+    draft.state.settings.wifi = False
+    draft.milestone("wifi on", SettingIs("wifi", True))
+    draft.say("Done.")
+    draft.mark_capability_step()
+    return "Turn on wifi."
+
+
+@pytest.fixture()
+def templates(monkeypatch):
+    monkeypatch.setitem(TEMPLATES, "switching", DeviceTemplate("switching", "turn several settings on", switch_settings, (1, 2, 3), 1))
+    monkeypatch.setitem(TEMPLATES, "hopeless", DeviceTemplate("hopeless", "an oracle that fails", no_oracle, (1, 2), 1))
+
+
+def write_selection(run_dir, *names):
+    folder = run_dir / "capabilities"
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = [{"name": name, "description": f"the {name} capability", "status": "PENDING"} for name in names]
+    (folder / "selected.json").write_text(json.dumps(entries))
+
+
+def scripted_rollouts(env, seeds, label):
+    """A base model whose success falls with difficulty: p = 1 - d/5, spread over the seeds."""
+    size = 4
+    success_per_seed = round(size * (1 - env.difficulty / 5))
+    return [[(1.0, True)] * success_per_seed + [(0.0, False)] * (size - success_per_seed) for _ in seeds]
+
+
+def config_for(run_dir, *overrides):
+    return compose_config("synthesize", [
+        f"run_dir={run_dir}", "model=tiny_random", "calibration.group_size=4", "calibration.num_seeds=3",
+        "synthesis.self_check_seeds=6", *overrides,
+    ])
+
+
+def test_calibration_picks_the_in_band_difficulty_and_marks_ready(tmp_path, templates, capsys):
+    write_selection(tmp_path, "switching", "hopeless")
+    synthesize.run(config_for(tmp_path), rollouts=scripted_rollouts)
+    folder = tmp_path / "environments" / "switching"
+    spec = json.loads((folder / "spec.json").read_text())
+    # success 1 - d/5: d=1 0.8 too easy; the bracket [2, 3] bisects to 2: 0.6 of 4 rounds to 2/4 = 0.5, in band
+    assert (spec["difficulty"], spec["in_band"], spec["source"], spec["target"]) == (2, True, "templates", "device")
+    assert len(spec["self_check_seeds"]) == 6 and len(spec["calibration_seeds"]) == 3
+    assert all(check["passed"] for check in spec["self_checks"])
+    assert "capability necessary (broken step scores < 1.0)" in [check["check"] for check in spec["self_checks"]]
+    calibration = json.loads((folder / "calibration.json").read_text())
+    assert [r["difficulty"] for r in calibration["rounds"]] == [1, 2]
+    assert [r["verdict"] for r in calibration["rounds"]] == ["too_easy", "in_band"]
+    assert calibration["rounds"][1]["stats"]["success_rate"] == 0.5
+    assert "| 1 | 1 |" in (folder / "calibration.md").read_text()
+    statuses = {e["name"]: e for e in json.loads((tmp_path / "capabilities" / "selected.json").read_text())}
+    assert statuses["switching"]["status"] == "READY" and statuses["switching"]["environment"] == "synthetic/switching"
+    assert statuses["hopeless"]["status"] == "FAILED"
+    assert "self-checks failed at difficulty 1" in statuses["hopeless"]["reason"]
+    assert "oracle scores 1.0" in statuses["hopeless"]["reason"]
+    # the environment is now usable by name, at its calibrated difficulty, and check-env runs the synthetic checks
+    assert main(["check-env", "env=synthetic/switching", f"run_dir={tmp_path}"]) == 0
+    assert "all 10 self-checks passed" in capsys.readouterr().out
+    env_config = compose_config("score", ["env=synthetic/switching", f"run_dir={tmp_path}"]).env
+    from trace_ray.environment_setup import environment_maker
+
+    env = environment_maker(env_config)()
+    assert env.difficulty == 2 and env.name == "synthetic/switching"
+
+
+def test_every_capability_failing_is_an_error(tmp_path, templates):
+    write_selection(tmp_path, "hopeless")
+    with pytest.raises(TraceRayError, match="no capability got an environment"):
+        synthesize.run(config_for(tmp_path), rollouts=scripted_rollouts)
+    [entry] = json.loads((tmp_path / "capabilities" / "selected.json").read_text())
+    assert entry["status"] == "FAILED"
+
+
+@pytest.mark.parametrize(
+    "setup, overrides, message",
+    [
+        (lambda d: None, [], "run trace-ray identify"),
+        (lambda d: write_selection(d), [], "selects no capability; lower selection.rho"),
+        (lambda d: write_selection(d, "juggling"), [], "env=device has no template for juggling; generate them with synthesis=llm"),
+        (lambda d: write_selection(d, "switching"), ["synthesis.capabilities=[juggling]"], "does not select"),
+        (lambda d: write_selection(d, "switching"), ["env=synthetic/switching"], "env= names the target environment"),
+    ],
+)
+def test_bad_inputs_are_one_line_errors(tmp_path, templates, capsys, setup, overrides, message):
+    setup(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["synthesize", f"run_dir={tmp_path}", "model=tiny_random", *overrides]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_synthetic_environment_without_spec_names_the_fix(tmp_path, capsys):
+    assert main(["check-env", "env=synthetic/switching", f"run_dir={tmp_path}"]) == 1
+    assert "run trace-ray synthesize" in capsys.readouterr().err
+
+
+def test_llm_synthesis_needs_an_endpoint(tmp_path, capsys):
+    write_selection(tmp_path, "switching")
+    assert main(["synthesize", f"run_dir={tmp_path}", "synthesis=llm"]) == 1
+    assert "synthesis.model" in capsys.readouterr().err
+
+
+def test_calibration_with_the_base_model_on_ray(tmp_path, ray_session):
+    """Real rollouts of a built-in template: the tiny random model on Ray rollout workers, two rounds at most."""
+    write_selection(tmp_path, "information_reporting")
+    config = config_for(
+        tmp_path, "calibration.group_size=2", "calibration.num_seeds=2", "calibration.max_rounds=2",
+        "model.sampling.max_new_tokens=8", "rollout.max_episode_tokens=32",
+    )
+    synthesize.run(config)
+    calibration = json.loads((tmp_path / "environments" / "information_reporting" / "calibration.json").read_text())
+    rounds = calibration["rounds"]
+    assert 1 <= len(rounds) <= 2 and rounds[0]["difficulty"] == TEMPLATES["information_reporting"].default_difficulty
+    for round_ in rounds:
+        stats = round_["stats"]
+        assert (stats["n_groups"], stats["group_size"]) == (2, 2)
+        assert 0.0 <= stats["mean_reward"] <= 1.0 and round_["verdict"] in ("in_band", "too_easy", "too_hard")
+    [entry] = json.loads((tmp_path / "capabilities" / "selected.json").read_text())
+    assert entry["status"] == "READY"
+
+
+DEVICE_MODULE = '''\
+"""A generated module that plays a device template (its tools are the device's, so they match the target's)."""
+from environments.device.synthetic import DeviceTemplateEnvironment
+
+DIFFICULTIES = (1, 2, 3)
+
+
+def make_environment(difficulty, max_turns, max_tool_calls_per_turn, success_threshold):
+    return DeviceTemplateEnvironment("information_reporting", difficulty, max_turns, max_tool_calls_per_turn, success_threshold)
+'''
+
+
+def test_llm_synthesis_admits_a_generated_module_and_plays_it_in_the_sandbox(tmp_path, server):
+    write_selection(tmp_path, "reporting_from_scratch")
+    server.reply("```python\nthis is not python\n```", f"```python\n{DEVICE_MODULE}```")
+    config = config_for(
+        tmp_path, "synthesis=llm", f"synthesis.base_url={server.url}", "synthesis.model=writer", "synthesis.max_attempts=2",
+        "synthesis.self_check_seeds=4",
+    )
+    synthesize.run(config, rollouts=scripted_rollouts)
+    folder = tmp_path / "environments" / "reporting_from_scratch"
+    spec = json.loads((folder / "spec.json").read_text())
+    assert (spec["source"], spec["module"], spec["difficulties"]) == ("llm", "module.py", [1, 2, 3])
+    assert (folder / "module.py").read_text() == DEVICE_MODULE
+    log = (folder / "check_log.md").read_text()
+    assert "attempt 1" in log.lower() and "admitted" in log
+    assert "Your module was rejected" in server.requests[1]["body"]["messages"][-1]["content"]
+    [entry] = json.loads((tmp_path / "capabilities" / "selected.json").read_text())
+    assert entry["status"] == "READY"
+    assert main(["check-env", "env=synthetic/reporting_from_scratch", f"run_dir={tmp_path}"]) == 0  # through the sandbox

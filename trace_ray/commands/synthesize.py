@@ -1,0 +1,274 @@
+"""``trace-ray synthesize run_dir=DIR``: one verifiable training environment per selected capability (TRACE step 2).
+
+For every capability of ``DIR/capabilities/selected.json``:
+
+1. **Source**: the target's built-in template (``synthesis=templates``) or a
+   module written by a generation model and admitted only when it passes the
+   self-checks inside a sandboxed process (``synthesis=llm``).
+2. **Self-checks** at every difficulty tried (``environments/self_checks.py``).
+3. **Calibration**: the base model's rollouts (``calibration.group_size`` K per
+   seed, ``calibration.num_seeds`` S seeds, the collect sampling settings) on
+   Ray rollout workers; the difficulty levels are searched for the band where
+   GRPO learns (``trace_ray/synthesis/calibration.py``).
+
+It writes ``DIR/environments/<capability>/`` (``spec.json``,
+``calibration.json``, ``calibration.md``; for generated modules
+``module.py`` and ``check_log.md``) and moves each selected.json entry from
+PENDING to READY, or to FAILED with the reason; one capability's failure does
+not stop the others. Train on one with ``env=synthetic/<capability>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.progress import Progress
+
+from environments.protocol import Environment, ToolSchema
+from environments.self_checks import run_self_checks
+from environments.synthetic.factory import synthetic_environment, target_templates
+from trace_ray.agent_prompt import AgentPrompt
+from trace_ray.artifacts import atomic_path, write_json
+from trace_ray.config import EnvConfig, TraceConfig
+from trace_ray.console import console, print_table
+from trace_ray.engines import SamplingParams
+from trace_ray.environment_setup import environment_maker
+from trace_ray.errors import TraceRayError
+from trace_ray.models import load_tokenizer
+from trace_ray.rollout_loop import EpisodeTask, run_rollouts
+from trace_ray.synthesis.calibration import Band, CalibrationStats, calibration_stats, calibration_table, search_difficulty
+
+HELP = "build, self-check and calibrate one training environment per selected capability (run_dir/environments/)"
+
+Groups = list[list[tuple[float, bool]]]  # per task seed, the (reward, success) of its K rollouts
+
+
+def selection_path(run_dir: Path) -> Path:
+    return run_dir / "capabilities" / "selected.json"
+
+
+def read_selection(run_dir: Path, only: list[str] | None) -> list[dict[str, Any]]:
+    """The selected capabilities to synthesize (all, or those named in ``only``)."""
+    import json
+
+    path = selection_path(run_dir)
+    if not path.is_file():
+        raise TraceRayError(f"no {path}; run trace-ray identify run_dir={run_dir} first")
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TraceRayError(f"{path} is not valid JSON ({exc.msg}); rerun trace-ray identify run_dir={run_dir}") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+        raise TraceRayError(f"{path} is not a list of capabilities with names; rerun trace-ray identify run_dir={run_dir}")
+    if not entries:
+        raise TraceRayError(
+            f"{path} selects no capability; lower selection.rho or selection.delta and rerun trace-ray identify"
+        )
+    if only:
+        unknown = sorted(set(only) - {entry["name"] for entry in entries})
+        if unknown:
+            raise TraceRayError(f"synthesis.capabilities names {unknown}, which {path} does not select; choose among its names")
+        entries = [entry for entry in entries if entry["name"] in only]
+    return entries
+
+
+def set_status(run_dir: Path, name: str, status: str, reason: str | None) -> None:
+    """One selected.json entry's status (READY / FAILED with its reason), written atomically."""
+    import json
+
+    path = selection_path(run_dir)
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    for entry in entries:
+        if entry["name"] == name:
+            entry["status"] = status
+            entry.pop("reason", None)
+            entry.pop("environment", None)
+            if reason:
+                entry["reason"] = reason
+            if status == "READY":
+                entry["environment"] = f"synthetic/{name}"
+    write_json(path, entries, sort_keys=False)
+
+
+# -- calibration rollouts on Ray ---------------------------------------------------------------
+class RayCalibration:
+    """The base model's rollouts on synthetic environments: one set of rollout workers, env actors per level."""
+
+    def __init__(self, config: TraceConfig):
+        self.config = config
+        self._pool = None
+
+    def groups(self, env: EnvConfig, seeds: list[int], label: str) -> Groups:
+        from actors.rollout_coordinator import (
+            RayRolloutBackend, RolloutPool, connect_ray, start_env_actors, start_pool, stop_env_actors,
+        )
+
+        config = self.config
+        connect_ray(config)
+        if self._pool is None:
+            self._pool = start_pool(config, env)
+            self.prompt = AgentPrompt.for_model(config.model, load_tokenizer(config.model))
+            env_actors = self._pool.env_actors
+        else:
+            env_actors = start_env_actors(config, env)
+        size = config.calibration.group_size
+        tasks = [EpisodeTask(f"{label}-{seed}#{k}", seed, k) for seed in seeds for k in range(size)]
+        params = SamplingParams(config.temperature, config.top_p, config.model.sampling.max_new_tokens, seed=config.seed)
+        try:
+            with Progress(console=console, transient=True) as progress:
+                bar = progress.add_task(f"calibrating {label}", total=len(tasks))
+                results = run_rollouts(
+                    tasks, RayRolloutBackend(RolloutPool(self._pool.workers, env_actors)), self.prompt, params,
+                    config.batch_size, config.model.max_context_tokens, lambda _: progress.advance(bar),
+                    config.rollout.max_episode_tokens,
+                )
+        finally:
+            stop_env_actors(env_actors)
+        by_seed: dict[int, list[tuple[float, bool]]] = {seed: [] for seed in seeds}
+        for result in results:
+            by_seed[result.seed].append((result.reward, result.success))
+        return [by_seed[seed] for seed in seeds]
+
+
+# -- one capability -----------------------------------------------------------------------------
+@dataclass
+class Target:
+    name: str
+    tools: list[ToolSchema]
+    policy: str
+
+
+def describe_target(config: TraceConfig) -> Target:
+    env = environment_maker(config.env)()
+    reset = env.reset(env.task_seeds("analysis")[0])
+    policy = next((m["content"] for m in reset.messages if m.get("role") == "system"), "")
+    return Target(config.env.name, reset.tools, policy)
+
+
+def synthetic_env_config(config: TraceConfig, name: str, spec: Path, difficulty: int) -> EnvConfig:
+    """The synthetic environment at ``difficulty``, under the target's turn limits and success threshold."""
+    return EnvConfig(
+        name="synthetic", capability=name, spec=str(spec), difficulty=difficulty, max_turns=config.env.max_turns,
+        max_tool_calls_per_turn=config.env.max_tool_calls_per_turn, success_threshold=config.env.success_threshold,
+    )
+
+
+def check_level(config: TraceConfig, env: EnvConfig, target: Target, seeds: list[int]) -> list[dict]:
+    """The self-checks at one difficulty; raises when any fails."""
+    make_env: Callable[[], Environment] = environment_maker(env)
+    results = run_self_checks(make_env, seeds, target_tools=target.tools)
+    failed = [f"{result.name} ({result.detail})" for result in results if not result.passed]
+    if failed:
+        raise TraceRayError(f"self-checks failed at difficulty {env.difficulty}: {'; '.join(failed)}")
+    return [{"check": result.name, "passed": result.passed, "detail": result.detail} for result in results]
+
+
+def synthesize_capability(
+    config: TraceConfig, entry: dict, target: Target, rollouts: Callable[[EnvConfig, list[int], str], Groups],
+) -> dict[str, Any]:
+    """Build, check and calibrate one capability's environment; returns its final spec."""
+    name = entry["name"]
+    folder = Path(config.run_dir) / "environments" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path = folder / "spec.json"
+    spec: dict[str, Any] = {
+        "capability": name, "description": entry.get("description", ""), "target": target.name,
+        "source": config.synthesis.name, "model": config.model.name,
+        "sampling": {"temperature": config.temperature, "top_p": config.top_p, "max_new_tokens": config.model.sampling.max_new_tokens},
+    }
+    if config.synthesis.name == "templates":
+        template = target_templates(target.name)[name]
+        levels, start = list(template.difficulties), template.default_difficulty
+    else:
+        from trace_ray.synthesis.llm_environments import generate_module
+
+        spec.update(generate_module(config, entry, target, folder))
+        levels = spec.pop("difficulties")
+        start = levels[(len(levels) - 1) // 2]
+    probe = synthetic_environment_probe(spec_path, spec, start, config)
+    check_seeds = probe.task_seeds("analysis")[: config.synthesis.self_check_seeds]
+    calibration_seeds = probe.task_seeds("eval")[: config.calibration.num_seeds]
+    spec.update(difficulties=levels, self_check_seeds=check_seeds, calibration_seeds=calibration_seeds)
+    checks: dict[int, list[dict]] = {}
+
+    def evaluate(difficulty: int) -> CalibrationStats:
+        env = synthetic_env_config(config, name, spec_path, difficulty)
+        checks[difficulty] = check_level(config, env, target, check_seeds)
+        groups = rollouts(env, calibration_seeds, f"{name}@{difficulty}")
+        return calibration_stats(groups, tuple(config.calibration.pass_at))
+
+    calibration = config.calibration
+    band = Band(tuple(calibration.band.mean_reward), tuple(calibration.band.success_rate),
+                calibration.band.max_all_success, calibration.band.max_all_zero)
+    result = search_difficulty(evaluate, levels, start, band, calibration.max_rounds)
+    spec.update(difficulty=result.difficulty, in_band=result.in_band, self_checks=checks[result.difficulty])
+    write_json(folder / "calibration.json", {"capability": name, "band": vars(calibration.band), **result.to_json()})
+    table = calibration_table(result.rounds)
+    verdict = "in band" if result.in_band else "no level tried was in band; the closest is kept"
+    with atomic_path(folder / "calibration.md") as scratch:
+        Path(scratch).write_text(f"# Calibration of {name}\n\nChosen difficulty {result.difficulty} ({verdict}).\n\n{table}\n")
+    write_json(spec_path, spec)
+    spec["rounds"] = result.rounds
+    return spec
+
+
+def synthetic_environment_probe(spec_path: Path, spec: dict, difficulty: int, config: TraceConfig) -> Environment:
+    """Write the spec at the starting difficulty (the environment actors read it) and build one environment."""
+    write_json(spec_path, {**spec, "difficulty": difficulty})
+    return synthetic_environment(
+        str(spec_path), difficulty, max_turns=config.env.max_turns,
+        max_tool_calls_per_turn=config.env.max_tool_calls_per_turn, success_threshold=config.env.success_threshold,
+    )
+
+
+# -- the command ----------------------------------------------------------------------------------
+def check_sources(config: TraceConfig, entries: list[dict]) -> None:
+    """Every capability needs a template unless a generation model writes the environments."""
+    if config.synthesis.name != "templates":
+        return
+    templates = target_templates(config.env.name)
+    missing = [entry["name"] for entry in entries if entry["name"] not in templates]
+    if missing:
+        raise TraceRayError(
+            f"env={config.env.name} has no template for {', '.join(missing)}; generate them with synthesis=llm "
+            "synthesis.base_url=http://HOST:PORT/v1 synthesis.model=NAME, or leave them out with synthesis.capabilities=[...]"
+        )
+
+
+def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Groups] | None = None) -> None:
+    run_dir = Path(config.run_dir)
+    if config.env.name == "synthetic":
+        raise TraceRayError("env= names the target environment the capabilities come from (e.g. env=device), not a synthetic one")
+    entries = read_selection(run_dir, config.synthesis.capabilities)
+    check_sources(config, entries)
+    target = describe_target(config)
+    rollouts = rollouts or RayCalibration(config).groups
+    rows = []
+    for entry in entries:
+        name = entry["name"]
+        console.print(f"[bold]{name}[/bold]: synthesis={config.synthesis.name}")
+        try:
+            spec = synthesize_capability(config, entry, target, rollouts)
+        except TraceRayError as exc:
+            set_status(run_dir, name, "FAILED", str(exc))
+            console.print(f"[red]{name} FAILED[/red]: {exc}")
+            rows.append((name, config.synthesis.name, "-", "-", "-", "-", "FAILED"))
+            continue
+        set_status(run_dir, name, "READY", None)
+        chosen = next(r for r in spec["rounds"] if r.difficulty == spec["difficulty"]).stats
+        rows.append((
+            name, spec["source"], str(spec["difficulty"]), "yes" if spec["in_band"] else "no",
+            f"{chosen.mean_reward:.3f}", f"{chosen.success_rate:.3f}", "READY",
+        ))
+    print_table(
+        f"synthetic environments in {run_dir / 'environments'} (base model {config.model.name})",
+        ["capability", "source", "difficulty", "in band", "mean reward", "success", "status"],
+        rows,
+    )
+    failed = [row[0] for row in rows if row[-1] == "FAILED"]
+    if len(failed) == len(rows):
+        raise TraceRayError(f"no capability got an environment ({', '.join(failed)}); see the reasons in {selection_path(run_dir)}")
+    console.print(f"train one with env=synthetic/<capability> run_dir={run_dir}")
+

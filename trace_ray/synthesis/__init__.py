@@ -1,0 +1,1 @@
+"""Capability-targeted environment synthesis (TRACE step 2): difficulty calibration."""

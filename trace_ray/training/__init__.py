@@ -1,0 +1,1 @@
+"""GRPO training of one LoRA adapter per capability."""

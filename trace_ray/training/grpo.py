@@ -1,0 +1,317 @@
+"""The GRPO math, pure torch (no Ray, no I/O): group advantages, batch padding,
+token log-probs, the clipped surrogate, the KL penalty, entropy, minibatches.
+
+Alignment convention used throughout: for a padded batch of token ids
+``input_ids [B, T]`` every per-token quantity has shape ``[B, T-1]`` and
+position ``t`` refers to token ``t+1`` -- the token predicted by the logits at
+position ``t``. ``pad_batch`` shifts the record's action mask and behavior
+log-probs accordingly, ``token_logprobs`` returns log-probs in the same frame.
+
+"Old" log-probs are the behavior log-probs the sampler recorded (not a
+recomputation with the current weights, which would make the ratio 1 and the
+clipping a no-op).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+CONSTANT_GROUP_TOL = 1e-8
+"""A group whose rewards span at most this much (max - min) counts as constant."""
+
+LOG_RATIO_LIMIT = 20.0
+"""Log-ratios on action tokens are clamped to +-this (ratio up to e^20 ~ 4.9e8) before
+``exp``: a ratio that large only comes from a sampler/trainer mismatch, and the clamp
+keeps one such token from turning the loss into inf/NaN (its gradient is cut)."""
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def group_advantages(
+    rewards: torch.Tensor, normalize: str = "std", eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-relative advantages of ``rewards [G, K]`` (G groups of K rollouts of one seed).
+
+    ``normalize="std"``: ``(r - mean_g) / (std_g + eps)`` with the *population* std
+    (``unbiased=False``, divide by K): it is the group's own spread, so binary rewards
+    with success share p give ``std = sqrt(p (1 - p))`` and ``[1, 0, 0, 1]`` maps to
+    ``[1, -1, -1, 1]`` regardless of K (the unbiased std would only rescale all
+    advantages by ``sqrt((K-1)/K)``). ``normalize="mean"``: ``r - mean_g``.
+
+    A group is informative when ``max - min > 1e-8``; constant groups (identical up
+    to float jitter) get advantage exactly 0 -- they carry no signal and the caller
+    drops / re-collects them. The arithmetic runs in float64 so large rewards (1e6)
+    do not lose small real differences to float32 rounding.
+
+    Returns ``(advantages [G, K], informative [G] bool)``; advantages keep the
+    rewards' floating dtype (float32 for integer rewards).
+    """
+    if normalize not in ("std", "mean"):
+        raise ValueError(f"unknown normalize {normalize!r}; expected 'std' or 'mean'")
+    if not isinstance(rewards, torch.Tensor):
+        raise ValueError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    if rewards.dim() != 2 or rewards.shape[0] < 1 or rewards.shape[1] < 1:
+        raise ValueError(f"rewards must have shape [G, K] with G, K >= 1, got {tuple(rewards.shape)}")
+    if not (eps >= 0.0):
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    r = rewards.detach().to(torch.float64)
+    if not torch.isfinite(r).all():
+        raise ValueError("rewards contain NaN or inf")
+    informative = (r.max(dim=1).values - r.min(dim=1).values) > CONSTANT_GROUP_TOL
+    centered = r - r.mean(dim=1, keepdim=True)
+    if normalize == "std":
+        centered = centered / (r.std(dim=1, unbiased=False, keepdim=True) + eps)
+    advantages = torch.where(informative[:, None], centered, torch.zeros_like(centered))
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    return advantages.to(out_dtype), informative
+
+
+# --------------------------------------------------------------------------- batching
+
+
+@dataclass
+class PaddedBatch:
+    input_ids: torch.Tensor  # [B, T] long, right-padded with pad_id
+    attention_mask: torch.Tensor  # [B, T] long
+    action_mask: torch.Tensor  # [B, T-1] float: 1 where token t+1 is an action token
+    old_logprobs: torch.Tensor  # [B, T-1] float, aligned like action_mask
+    advantages: torch.Tensor  # [B] float
+
+
+def pad_batch(
+    token_ids: list[list[int]],
+    action_masks: list[list[int]],
+    logprobs: list[list[float]],
+    advantages: list[float],
+    pad_id: int,
+) -> PaddedBatch:
+    """Right-pad token records into a batch aligned with next-token log-probs.
+
+    Row b's action mask / behavior log-probs are shifted by one: position t of
+    ``action_mask`` and ``old_logprobs`` describes token ``t+1`` (the token the
+    logits at t predict). Padding positions have mask 0 and log-prob 0. A record's
+    first token can never be predicted, so it must not be an action (ValueError).
+    """
+    rows = len(token_ids)
+    if rows == 0:
+        raise ValueError("empty batch")
+    if not (len(action_masks) == len(logprobs) == len(advantages) == rows):
+        raise ValueError(
+            f"{rows} token rows but {len(action_masks)} action masks, "
+            f"{len(logprobs)} log-prob rows and {len(advantages)} advantages"
+        )
+    for b in range(rows):
+        n = len(token_ids[b])
+        if n == 0:
+            raise ValueError(f"row {b}: no tokens")
+        if len(action_masks[b]) != n or len(logprobs[b]) != n:
+            raise ValueError(
+                f"row {b}: {n} tokens but {len(action_masks[b])} mask entries and {len(logprobs[b])} log-probs"
+            )
+        if any(m not in (0, 1) for m in action_masks[b]):
+            raise ValueError(f"row {b}: action mask entries must be 0 or 1")
+        if action_masks[b][0] == 1:
+            raise ValueError(f"row {b}: the first token is an action but nothing predicts it")
+        if any(m == 1 and not math.isfinite(lp) for m, lp in zip(action_masks[b], logprobs[b])):
+            raise ValueError(f"row {b}: non-finite behavior log-prob on an action token")
+        if not math.isfinite(advantages[b]):
+            raise ValueError(f"row {b}: non-finite advantage {advantages[b]}")
+
+    width = max(len(ids) for ids in token_ids)
+    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long)
+    action_mask = torch.zeros((rows, width - 1), dtype=torch.float32)
+    old_logprobs = torch.zeros((rows, width - 1), dtype=torch.float32)
+    for b in range(rows):
+        n = len(token_ids[b])
+        input_ids[b, :n] = torch.tensor(token_ids[b], dtype=torch.long)
+        attention_mask[b, :n] = 1
+        if n > 1:
+            mask = torch.tensor(action_masks[b][1:], dtype=torch.float32)
+            action_mask[b, : n - 1] = mask
+            old_logprobs[b, : n - 1] = torch.tensor(logprobs[b][1:], dtype=torch.float32) * mask
+    return PaddedBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        action_mask=action_mask,
+        old_logprobs=old_logprobs,
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+    )
+
+
+def minibatches(n: int, size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Shuffled index batches of at most ``size`` covering 0..n-1 exactly once."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if size < 1:
+        raise ValueError(f"minibatch size must be >= 1, got {size}")
+    order = torch.randperm(n, generator=generator)
+    return [order[i : i + size] for i in range(0, n, size)]
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, T, V]`` logits -> ``[B, T-1]`` ``log p(input_ids[:, t+1] | ..t)``.
+
+    The distribution is ``softmax(logits / temperature)``. The importance ratio is
+    ``pi_new / pi_old`` with pi_old the *sampling* distribution, so the temperature
+    here must be the one the sampler used (and the sampler's log-probs must be those
+    of the temperature-scaled distribution, before any top-k/top-p truncation is
+    assumed away); otherwise the ratio is not 1 at the start of an update and clipping
+    acts on a mismatch rather than on policy movement.
+
+    Memory: computed row by row in float32 (``gather - logsumexp``), so the extra
+    memory is one ``[T, V]`` float32 slice rather than a full ``[B, T, V]`` copy.
+    """
+    if logits.dim() != 3 or input_ids.dim() != 2 or logits.shape[:2] != input_ids.shape:
+        raise ValueError(f"logits [B, T, V] and input_ids [B, T] expected, got {tuple(logits.shape)} and {tuple(input_ids.shape)}")
+    if not (temperature > 0.0):
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    rows = []
+    for b in range(logits.shape[0]):
+        x = logits[b, :-1].float()
+        if temperature != 1.0:
+            x = x / temperature
+        targets = input_ids[b, 1:].long().unsqueeze(-1)
+        rows.append(x.gather(-1, targets).squeeze(-1) - torch.logsumexp(x, dim=-1))
+    return torch.stack(rows, dim=0)
+
+
+@torch.no_grad()
+def entropy_from_logits(logits: torch.Tensor, action_mask: torch.Tensor, temperature: float = 1.0) -> float:
+    """Mean token entropy (nats) of ``softmax(logits / temperature)`` over action positions.
+
+    ``logits [B, T, V]``: position t predicts token t+1, so ``logits[:, :-1]`` lines
+    up with ``action_mask [B, T-1]``. Token mean over all action positions of the
+    batch; 0.0 when there are none. Diagnostic only (no gradient).
+    """
+    if logits.dim() != 3 or action_mask.shape != (logits.shape[0], logits.shape[1] - 1):
+        raise ValueError(f"logits [B, T, V] and action_mask [B, T-1] expected, got {tuple(logits.shape)} and {tuple(action_mask.shape)}")
+    if not (temperature > 0.0):
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    total, count = 0.0, 0
+    for b in range(logits.shape[0]):
+        keep = action_mask[b] > 0
+        if not keep.any():
+            continue
+        x = logits[b, :-1][keep].float() / temperature
+        logp = torch.log_softmax(x, dim=-1)
+        total += float(-(logp.exp() * logp).sum())
+        count += int(keep.sum())
+    return total / count if count else 0.0
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def _check_token_shapes(name: str, action_mask: torch.Tensor, **tensors: torch.Tensor) -> None:
+    if action_mask.dim() != 2:
+        raise ValueError(f"{name}: action_mask must be [B, T-1], got {tuple(action_mask.shape)}")
+    for key, t in tensors.items():
+        if t.shape != action_mask.shape:
+            raise ValueError(f"{name}: {key} has shape {tuple(t.shape)}, action_mask {tuple(action_mask.shape)}")
+
+
+def _trajectory_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token mean within each row over its action tokens, then mean over rows that have any.
+
+    Rows without action tokens are left out of the mean (not NaN). With no action token
+    at all the result is a zero that still belongs to the graph of ``per_token``.
+    """
+    counts = mask.sum(dim=1)
+    has = counts > 0
+    per_row = (per_token * mask).sum(dim=1) / counts.clamp(min=1.0)
+    if not has.any():
+        return (per_token * mask).sum() * 0.0
+    return per_row[has].mean()
+
+
+def policy_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    action_mask: torch.Tensor,
+    clip_low: float = 0.28,
+    clip_high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped GRPO surrogate.
+
+    Per action token: ``rho_t = exp(new_t - old_t)``,
+    ``l_t = -min(rho_t A, clip(rho_t, 1 - clip_low, 1 + clip_high) A)``
+    (``clip_high=None`` means ``clip_high = clip_low``), with A the trajectory's
+    advantage. Aggregation: token mean within each trajectory over its action tokens,
+    then mean over trajectories (rows without action tokens are skipped), so a short
+    and a long trajectory weigh the same.
+
+    Shapes: ``new/old_logprobs, action_mask [B, T-1]``, ``advantages [B]``.
+    Positions with mask 0 take no part: their log-ratio is replaced by 0 before
+    ``exp`` (no overflow, zero gradient). Action-token log-ratios are clamped to
+    +-``LOG_RATIO_LIMIT``.
+
+    Stats (python floats, over all action tokens of the batch): ``clip_fraction``
+    (share of tokens where the clipped term is the active one: A > 0 and
+    rho > 1 + clip_high, or A < 0 and rho < 1 - clip_low), ``approx_kl`` (the k3
+    estimator ``mean((rho - 1) - log rho)`` of KL(pi_old || pi_new)), ``ratio_mean``,
+    ``ratio_max``, ``action_tokens``. With no action tokens: 0, 0, 1, 1, 0.
+    """
+    if clip_high is None:
+        clip_high = clip_low
+    if not (0.0 < clip_low < 1.0):
+        raise ValueError(f"clip_low must be in (0, 1), got {clip_low}")
+    if not (clip_high > 0.0):
+        raise ValueError(f"clip_high must be > 0, got {clip_high}")
+    _check_token_shapes("policy_loss", action_mask, new_logprobs=new_logprobs, old_logprobs=old_logprobs)
+    if advantages.shape != (action_mask.shape[0],):
+        raise ValueError(f"policy_loss: advantages must be [B]={action_mask.shape[0]}, got {tuple(advantages.shape)}")
+
+    keep = action_mask > 0
+    mask = keep.to(new_logprobs.dtype)
+    old = old_logprobs.to(new_logprobs.dtype).detach()
+    adv = advantages.to(new_logprobs.dtype).detach()[:, None]
+    log_ratio = torch.where(keep, new_logprobs - old, torch.zeros_like(new_logprobs))
+    log_ratio = log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    loss = _trajectory_mean(per_token, mask)
+
+    with torch.no_grad():
+        n = int(keep.sum())
+        if n == 0:
+            stats = {"clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0, "action_tokens": 0.0}
+        else:
+            r = ratio[keep]
+            a = adv.expand_as(ratio)[keep]
+            binds = ((a > 0) & (r > 1.0 + clip_high)) | ((a < 0) & (r < 1.0 - clip_low))
+            stats = {
+                "clip_fraction": float(binds.float().mean()),
+                "approx_kl": float(((r - 1.0) - log_ratio[keep]).mean()),
+                "ratio_mean": float(r.mean()),
+                "ratio_max": float(r.max()),
+                "action_tokens": float(n),
+            }
+    return loss, stats
+
+
+def kl_penalty(new_logprobs: torch.Tensor, base_logprobs: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi_new || pi_base) on the sampled action tokens.
+
+    Per token ``exp(base - new) - (base - new) - 1`` (>= 0, exactly 0 when equal),
+    token mean per trajectory, then mean over trajectories with action tokens (the
+    aggregation of ``policy_loss``). Masked positions take no part; the log-ratio is
+    clamped to +-``LOG_RATIO_LIMIT``. Gradients flow to ``new_logprobs`` only.
+    """
+    _check_token_shapes("kl_penalty", action_mask, new_logprobs=new_logprobs, base_logprobs=base_logprobs)
+    keep = action_mask > 0
+    base = base_logprobs.to(new_logprobs.dtype).detach()
+    d = torch.where(keep, base - new_logprobs, torch.zeros_like(new_logprobs))
+    d = d.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    per_token = torch.exp(d) - d - 1.0
+    return _trajectory_mean(per_token, keep.to(new_logprobs.dtype))

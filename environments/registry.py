@@ -23,12 +23,17 @@ def environment_names() -> list[str]:
 
 
 def environment_factory(name: str) -> Callable[..., Environment]:
-    if name not in _FACTORIES:
+    """The factory of a registered name, or of ``package.module:Factory`` (your own environment class)."""
+    reference = _FACTORIES.get(name) or (name if ":" in name else None)
+    if reference is None:
         raise UnknownEnvironmentError(
-            f"unknown environment {name!r}; choose one of: {', '.join(environment_names())}"
+            f"unknown environment {name!r}; choose one of: {', '.join(environment_names())}, or package.module:Factory"
         )
-    module_name, attribute = _FACTORIES[name].split(":")
-    return getattr(importlib.import_module(module_name), attribute)
+    module_name, attribute = reference.split(":", 1)
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownEnvironmentError(f"cannot load environment {name!r} ({exc}); check the module path and the factory name") from None
 
 
 def make_environment(name: str, **options) -> Environment:

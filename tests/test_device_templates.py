@@ -13,7 +13,7 @@ from environments.device.synthetic_templates import DIFFICULTIES, TEMPLATES
 from environments.self_checks import do_nothing, oracle, play, run_self_checks, wrong_action
 from trace_ray.capabilities.rules import CATALOGUE
 
-CASES = [(capability, difficulty) for capability in TEMPLATES for difficulty in DIFFICULTIES]
+CASES = [(capability, difficulty) for capability in TEMPLATES for difficulty in TEMPLATES[capability].difficulties]
 
 
 def _seeds(capability: str, difficulty: int, count: int = 8) -> list[int]:
@@ -43,7 +43,7 @@ def test_there_is_one_template_per_catalogue_capability_with_its_description():
     for name, template in TEMPLATES.items():
         assert template.capability == name
         assert template.description == CATALOGUE[name].description
-        assert template.difficulties == (1, 2, 3, 4, 5)
+        assert template.difficulties == ((0, 1, 2, 3, 4, 5) if template.capability == "tool_calling_precision" else (1, 2, 3, 4, 5))
         assert template.default_difficulty in template.difficulties
 
 
@@ -127,8 +127,8 @@ def test_unknown_capability_and_difficulty_are_clear_errors():
     with pytest.raises(ValueError, match=r"difficulty 9 of 'datetime_reasoning' is not one of \[1, 2, 3, 4, 5\]"):
         DeviceTemplateEnvironment("datetime_reasoning", 9)
     for template in TEMPLATES.values():
-        with pytest.raises(ValueError, match=r"difficulty must be one of \[1, 2, 3, 4, 5\], got 0"):
-            template.build(Draft(random.Random(0)), 0)
+        with pytest.raises(ValueError, match=r"difficulty must be one of \[(0, )?1, 2, 3, 4, 5\], got 6"):
+            template.build(Draft(random.Random(0)), 6)
 
 
 # -- what each capability's step means ------------------------------------------------------

@@ -27,6 +27,7 @@ COMMANDS = {
     "collect": "trace_ray.commands.collect",
     "identify": "trace_ray.commands.identify",
     "synthesize": "trace_ray.commands.synthesize",
+    "train": "trace_ray.commands.train",
 }
 FLAGS = {"-m", "--multirun", "--cfg", "-h", "--help"}
 

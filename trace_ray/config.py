@@ -241,6 +241,7 @@ class TraceConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    train_on: str = MISSING  # capabilities | env
     capability: Optional[str] = None
     adapter: Optional[str] = None
 
@@ -313,6 +314,7 @@ def validate(config: TraceConfig) -> TraceConfig:
         _require(bool(env.spec), "env=synthetic needs env.spec (conf/env/synthetic.yaml sets it from run_dir)")
     _validate_synthesis(config.synthesis, config.calibration)
     _validate_training(config.grpo, config.lora, config.trainer)
+    _require(config.train_on in ("capabilities", "env"), f"train_on={config.train_on!r} is not one of capabilities, env")
     from trace_ray.capabilities.aggregation import SelectionSettings
 
     SelectionSettings(**vars(config.selection))  # the selection rules check their own values

@@ -109,9 +109,9 @@ _MORE_CHATS = (
 )
 
 
-def _check(difficulty: int) -> int:
-    if difficulty not in DIFFICULTIES:
-        raise ValueError(f"difficulty must be one of {list(DIFFICULTIES)}, got {difficulty!r}")
+def _check(difficulty: int, levels: tuple[int, ...] = DIFFICULTIES) -> int:
+    if difficulty not in levels:
+        raise ValueError(f"difficulty must be one of {list(levels)}, got {difficulty!r}")
     return difficulty
 
 
@@ -278,18 +278,22 @@ def _settings(draft: Draft, count: int) -> list[tuple[str, bool]]:
 def _tool_calling_precision(draft: Draft, difficulty: int) -> str:
     """Requests whose success depends on exact argument values.
 
-    1: save a new contact (name, typed number, relationship). 2: the same and one
+    0: one setting to an exact on/off value (a single call: a level small
+    models can reach). 1: save a new contact (name, typed number, relationship). 2: the same and one
     setting. 3: change a number, save a contact, one setting. 4: those and two
     settings, with a look-alike contact (same first name) whose number must not
     change. 5: three settings, a look-alike for both contacts, and numbers typed
     with dots or a country code. Marked: every state-changing call.
     """
-    _check(difficulty)
+    _check(difficulty, PRECISION_DIFFICULTIES)
     actions = [_new_number(draft, difficulty)] if difficulty >= 3 else []
-    actions.append(_new_contact(draft, difficulty))
-    for setting, on in _settings(draft, {1: 0, 2: 1, 3: 1, 4: 2, 5: 3}[difficulty]):
+    if difficulty >= 1:
+        actions.append(_new_contact(draft, difficulty))
+    for setting, on in _settings(draft, {0: 1, 1: 0, 2: 1, 3: 1, 4: 2, 5: 3}[difficulty]):
         actions.append(set_setting(draft, setting, on))
         draft.mark_capability_step()
+        if difficulty == 0:  # partial credit for saying what changed
+            draft.milestone("told the user the new state", Reported((TextFact(("on" if on else "off",)),)))
     requests, replies = zip(*actions)
     draft.say(" ".join(replies))
     return sentence(*requests)
@@ -636,8 +640,10 @@ def _information_reporting(draft: Draft, difficulty: int) -> str:
     return " ".join([questions[0], *(f"Also, {question[0].lower()}{question[1:]}" for question in questions[1:])])
 
 
+PRECISION_DIFFICULTIES = (0, *DIFFICULTIES)
+
 TEMPLATES: dict[str, DeviceTemplate] = {
-    name: DeviceTemplate(name, CATALOGUE[name].description, build)
+    name: DeviceTemplate(name, CATALOGUE[name].description, build, PRECISION_DIFFICULTIES if name == "tool_calling_precision" else DIFFICULTIES)
     for name, build in (
         ("permission_error_recovery", _permission_error_recovery),
         ("datetime_reasoning", _datetime_reasoning),

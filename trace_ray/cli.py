@@ -28,6 +28,7 @@ COMMANDS = {
     "identify": "trace_ray.commands.identify",
     "synthesize": "trace_ray.commands.synthesize",
     "train": "trace_ray.commands.train",
+    "route": "trace_ray.commands.route",
 }
 FLAGS = {"-m", "--multirun", "--cfg", "-h", "--help"}
 

@@ -219,6 +219,12 @@ class TrainerConfig:
 
 
 @dataclass
+class RouterConfig:
+    name: str = MISSING  # logit
+    max_example_chars: int = MISSING
+
+
+@dataclass
 class TraceConfig:
     command: str = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -241,6 +247,7 @@ class TraceConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
     train_on: str = MISSING  # capabilities | env
     capability: Optional[str] = None
     adapter: Optional[str] = None
@@ -314,6 +321,8 @@ def validate(config: TraceConfig) -> TraceConfig:
         _require(bool(env.spec), "env=synthetic needs env.spec (conf/env/synthetic.yaml sets it from run_dir)")
     _validate_synthesis(config.synthesis, config.calibration)
     _validate_training(config.grpo, config.lora, config.trainer)
+    _require(config.router.name in ("logit",), f"router={config.router.name!r} is not one of logit")
+    _require(config.router.max_example_chars > 0, f"router.max_example_chars must be > 0, got {config.router.max_example_chars}")
     _require(config.train_on in ("capabilities", "env"), f"train_on={config.train_on!r} is not one of capabilities, env")
     from trace_ray.capabilities.aggregation import SelectionSettings
 

@@ -1,0 +1,59 @@
+"""``trace-ray route``: oracle labels from greedy episodes per adapter, the logit router's choices, the confusion matrix."""
+
+import json
+
+import torch
+
+from trace_ray.cli import compose_config, main
+from trace_ray.commands.route import best_choice, confusion
+from trace_ray.training.lora_model import export_adapter, trainable_model
+
+TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
+
+
+def write_run(run_dir, names):
+    """READY capabilities with a template environment and an exported (non-zero) adapter each."""
+    config = compose_config("train", TINY)
+    (run_dir / "capabilities").mkdir(parents=True)
+    entries = [{"name": n, "description": f"the {n} skill", "status": "READY", "environment": f"synthetic/{n}"} for n in names]
+    (run_dir / "capabilities" / "selected.json").write_text(json.dumps(entries))
+    for seed, name in enumerate(names):
+        folder = run_dir / "environments" / name
+        folder.mkdir(parents=True)
+        (folder / "spec.json").write_text(json.dumps({"capability": name, "target": "device", "source": "templates", "difficulty": 1}))
+        policy, _ = trainable_model(config.model, config.lora, seed=seed)
+        with torch.no_grad():
+            for parameter_name, parameter in policy.named_parameters():
+                if "lora_B" in parameter_name:
+                    parameter.normal_(0, 0.5)
+        export_adapter(policy, run_dir / "adapters" / name)
+
+
+def test_route_scores_the_logit_router_against_oracle_labels(tmp_path):
+    names = ["datetime_reasoning", "information_reporting"]
+    write_run(tmp_path, names)
+    assert main(["route", f"run_dir={tmp_path}", *TINY, "limit=3", "model.sampling.max_new_tokens=8"]) == 0
+    report = json.loads((tmp_path / "router" / "logit.json").read_text())
+    assert report["options"] == [*names, "base"] and len(report["tasks"]) == 3
+    for task in report["tasks"]:
+        assert set(task["scores"]) == {*names, "base"} and task["choice"] == max(task["scores"], key=task["scores"].get)
+        assert set(task["rewards"]) == {*names, "base"}
+        assert task["oracle"] == best_choice(task["rewards"], ["base", *names])
+    assert sum(map(sum, report["confusion"])) == 3
+    hits = sum(task["choice"] == task["oracle"] for task in report["tasks"])
+    assert report["accuracy"] == hits / 3
+    assert "logit router accuracy" in (tmp_path / "router" / "report.md").read_text()
+
+
+def test_oracle_label_ties_go_to_base_and_confusion_counts():
+    assert best_choice({"base": 0.5, "a": 0.5, "b": 0.2}, ["base", "a", "b"]) == "base"
+    assert best_choice({"base": 0.1, "a": 0.5, "b": 0.5}, ["base", "a", "b"]) == "a"
+    assert confusion(["a", "base", "a"], ["a", "a", "base"], ["a", "base"]) == [[1, 1], [1, 0]]
+
+
+def test_no_trained_adapter_is_one_line_error(tmp_path, capsys):
+    (tmp_path / "capabilities").mkdir()
+    (tmp_path / "capabilities" / "selected.json").write_text(json.dumps([{"name": "a", "status": "READY"}]))
+    assert main(["route", f"run_dir={tmp_path}", *TINY]) == 1
+    err = capsys.readouterr().err
+    assert "no trained capability adapter" in err and "trace-ray train" in err and err.count("\n") == 1

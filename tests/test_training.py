@@ -194,3 +194,22 @@ def test_training_error_unwraps_a_worker_error():
     job = TrainJob("skill", None, "out")
     error = train.training_error(wrapped, job)
     assert isinstance(error, TraceRayError) and str(error) == "training skill failed: rollout worker 0 failed to load adapter"
+
+
+def test_every_ready_capability_trains_in_its_synthetic_environment(tmp_path, ray_session):
+    entries = [{"name": "tool_calling_precision", "status": "READY"}, {"name": "datetime_reasoning", "status": "FAILED"}]
+    write_selection(tmp_path, entries)
+    folder = tmp_path / "environments" / "tool_calling_precision"
+    folder.mkdir(parents=True)
+    (folder / "spec.json").write_text(json.dumps(
+        {"capability": "tool_calling_precision", "target": "device", "source": "templates", "difficulty": 0}
+    ))
+    config = tiny_config(
+        f"run_dir={tmp_path}", "grpo.iterations=1", "grpo.group_size=2", "grpo.groups_per_batch=1",
+        "grpo.max_resample_batches=0", "model.sampling.max_new_tokens=6", "trainer.cpus_per_worker=0.5",
+    )
+    train.run(config)
+    [row] = metrics_of(tmp_path, "tool_calling_precision")
+    assert row["iteration"] == 1 and row["rollouts"] == 2 and row["sync_s"] > 0
+    assert (tmp_path / "adapters" / "tool_calling_precision" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "adapters" / "datetime_reasoning").exists()  # FAILED capabilities are not trained

@@ -215,6 +215,7 @@ class TrainerConfig:
     num_workers: int = MISSING
     use_gpu: bool = MISSING
     cpus_per_worker: float = MISSING
+    torch_threads: Optional[int] = None  # per train worker (null: cores / num_workers)
     storage_path: Optional[str] = None
 
 
@@ -382,6 +383,7 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     _require(0 <= lora.dropout < 1, f"lora.dropout must be in [0, 1), got {lora.dropout}")
     _require(bool(lora.target_modules), "lora.target_modules must name at least one module (e.g. [q_proj, v_proj])")
     _require(trainer.num_workers >= 1 and trainer.cpus_per_worker > 0, "trainer.num_workers must be >= 1 and trainer.cpus_per_worker > 0")
+    _require(trainer.torch_threads is None or trainer.torch_threads >= 1, f"trainer.torch_threads must be >= 1 or null, got {trainer.torch_threads}")
 
 
 def to_typed(composed: DictConfig | dict[str, Any]) -> TraceConfig:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from environments.self_checks import oracle, play
+from environments.self_checks import oracle
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.config import EnvConfig, TraceConfig

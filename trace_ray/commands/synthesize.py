@@ -20,6 +20,7 @@ not stop the others. Train on one with ``env=synthetic/<capability>``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -51,8 +52,6 @@ def selection_path(run_dir: Path) -> Path:
 
 def read_selection(run_dir: Path, only: list[str] | None) -> list[dict[str, Any]]:
     """The selected capabilities to synthesize (all, or those named in ``only``)."""
-    import json
-
     path = selection_path(run_dir)
     if not path.is_file():
         raise TraceRayError(f"no {path}; run trace-ray identify run_dir={run_dir} first")
@@ -76,8 +75,6 @@ def read_selection(run_dir: Path, only: list[str] | None) -> list[dict[str, Any]
 
 def set_status(run_dir: Path, name: str, status: str, reason: str | None) -> None:
     """One selected.json entry's status (READY / FAILED with its reason), written atomically."""
-    import json
-
     path = selection_path(run_dir)
     entries = json.loads(path.read_text(encoding="utf-8"))
     for entry in entries:

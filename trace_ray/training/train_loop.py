@@ -21,8 +21,10 @@ Per iteration:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import random
 import tempfile
 import time
@@ -35,8 +37,9 @@ import torch
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.training.grpo import entropy_from_logits, kl_penalty, minibatches, pad_batch, policy_loss, token_logprobs
 from trace_ray.training.groups import GroupSummary, TrainingRow, shard_rows, summarize_groups, training_rows
-from trace_ray.training.lora_model import adapter_weights, export_adapter, load_adapter_weights, lora_parameters, peft_settings
-from trace_ray.training.lora_model import trainable_model
+from trace_ray.training.lora_model import (
+    adapter_weights, export_adapter, load_adapter_weights, lora_parameters, peft_settings, trainable_model,
+)
 
 CHECKPOINT_FILES = ("adapter.pt", "optimizer.pt", "state.json", "rng.pt")
 
@@ -136,7 +139,7 @@ def update(model, policy, optimizer, rows: list[TrainingRow], config: TraceConfi
                 input_ids, attention = batch.input_ids.to(device), batch.attention_mask.to(device)
                 mask, old = batch.action_mask.to(device), batch.old_logprobs.to(device)
                 last = position == len(chosen) - 1
-                sync_context = model.no_sync() if hasattr(model, "no_sync") and not last else _nothing()
+                sync_context = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
                 with sync_context:
                     logits = model(input_ids=input_ids, attention_mask=attention).logits
                     new = token_logprobs(logits, input_ids, grpo.temperature)
@@ -160,14 +163,6 @@ def update(model, policy, optimizer, rows: list[TrainingRow], config: TraceConfi
     metrics = {key: value / max(1, rows_seen) for key, value in totals.items() if key != "grad_norm"}
     metrics.update(grad_norm=totals["grad_norm"] / max(1, steps), optimizer_steps=steps, trained_tokens=tokens)
     return metrics
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def replica_difference(policy, world_size: int) -> float:
@@ -228,6 +223,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
     grpo = config.grpo
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
+    # rollouts and updates alternate: while rank 0 waits for rollouts nothing computes here, so the
+    # update may use the machine's cores (Ray would pin a fractional-CPU worker to one thread)
+    torch.set_num_threads(config.trainer.torch_threads or max(1, (os.cpu_count() or 1) // world_size))
 
     policy, tokenizer = trainable_model(config.model, config.lora, config.seed)
     policy.to(ray.train.torch.get_device())

@@ -55,6 +55,21 @@ def test_update_changes_every_lora_parameter_and_nothing_else():
     assert all(p.grad is None for name, p in policy.named_parameters() if "lora_" not in name)
 
 
+def test_micro_batches_give_the_gradient_of_the_whole_minibatch():
+    """Padded micro-batches of 3 and single trajectories (of different lengths) take the same optimizer step."""
+    results = []
+    for micro in (1, 3):
+        config = tiny_config("grpo.mini_batch_size=4", f"grpo.micro_batch_size={micro}", "grpo.lr=1e-2")
+        policy, tokenizer = trainable_model(config.model, config.lora, seed=0)
+        rows = teacher_forced_rows(policy, [1.0, -1.0], length=12) + teacher_forced_rows(policy, [0.5, -0.5], length=7, seed=1)
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.grpo.lr)
+        metrics = update(policy, policy, optimizer, rows, config, torch.Generator().manual_seed(0), tokenizer.pad_token_id)
+        results.append(({n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}, metrics))
+    (single, single_metrics), (micro, micro_metrics) = results
+    assert all(torch.allclose(single[n], micro[n], atol=1e-6) for n in single)
+    assert abs(single_metrics["loss"] - micro_metrics["loss"]) < 1e-6
+
+
 def test_recorded_sampling_logprobs_give_ratio_one():
     """The engine's behavior log-probs and the trainer's agree, so the ratio starts at 1 and clipping can act later."""
     config = tiny_config()

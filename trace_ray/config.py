@@ -190,6 +190,7 @@ class GRPOConfig:
     max_resample_batches: int = MISSING
     ppo_epochs: int = MISSING
     mini_batch_size: int = MISSING
+    micro_batch_size: int = MISSING
     clip_eps: float = MISSING
     clip_eps_high: Optional[float] = None
     kl_coef: float = MISSING
@@ -363,7 +364,7 @@ def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConf
 
 
 def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfig) -> None:
-    for key in ("iterations", "group_size", "groups_per_batch", "ppo_epochs", "mini_batch_size", "checkpoint_every", "plateau_patience"):
+    for key in ("iterations", "group_size", "groups_per_batch", "ppo_epochs", "mini_batch_size", "micro_batch_size", "checkpoint_every", "plateau_patience"):
         _require(getattr(grpo, key) >= 1, f"grpo.{key} must be >= 1, got {getattr(grpo, key)}")
     _require(grpo.group_size >= 2, f"grpo.group_size must be >= 2 (advantages compare rollouts of one seed), got {grpo.group_size}")
     _require(grpo.advantage in ("std", "mean"), f"grpo.advantage={grpo.advantage!r} is not one of std, mean")

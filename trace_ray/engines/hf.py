@@ -174,9 +174,24 @@ class HFEngine(LoopedEngine):
         return None if adapter is None else self._adapters[adapter[0]][1]
 
     def _forward(self, peft_names: list[str | None], **inputs):
-        """One forward pass, row i through adapter ``peft_names[i]`` (None: the base model)."""
+        """One forward pass, row i through adapter ``peft_names[i]`` (None: the base model).
+
+        A batch whose rows all share one adapter (the common case in training
+        rollouts) runs with that adapter active, or with adapters disabled for
+        the base; PEFT's mixed-adapter path, which splits every LoRA layer's
+        batch by adapter, is kept for batches that really mix them.
+        """
         if self.peft_model is None:
             return self.base_model(**inputs, use_cache=True)
+        names = set(peft_names)
+        if names == {None}:
+            with self.peft_model.disable_adapter():
+                return self.peft_model(**inputs, use_cache=True)
+        if len(names) == 1:
+            (name,) = names
+            if self.peft_model.active_adapter != name:
+                self.peft_model.set_adapter(name)
+            return self.peft_model(**inputs, use_cache=True)
         return self.peft_model(**inputs, use_cache=True, adapter_names=[name or BASE for name in peft_names])
 
     # -- the engine core (run by the engine loop) --------------------------------------

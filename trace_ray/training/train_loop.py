@@ -120,10 +120,12 @@ def broadcast(value: Any, rank: int, world_size: int) -> Any:
 def update(model, policy, optimizer, rows: list[TrainingRow], config: TraceConfig, generator: torch.Generator, pad_id: int) -> dict[str, float]:
     """``grpo.ppo_epochs`` passes over ``rows``, one optimizer step per minibatch.
 
-    Each trajectory of a minibatch runs forward and backward on its own (its
-    loss divided by the minibatch size), so memory holds one trajectory's
-    logits; the sum equals the mean over trajectories the loss defines. DDP
-    all-reduces the gradients on the minibatch's last backward only.
+    A minibatch runs forward and backward in micro-batches of
+    ``grpo.micro_batch_size`` padded trajectories (memory holds one
+    micro-batch's logits); each micro-batch's loss, a mean over its
+    trajectories, is weighted by its share of the minibatch, so the gradient
+    is that of the mean over the minibatch's trajectories the loss defines.
+    DDP all-reduces the gradients on the minibatch's last backward only.
     """
     grpo = config.grpo
     device = next(policy.parameters()).device
@@ -134,12 +136,17 @@ def update(model, policy, optimizer, rows: list[TrainingRow], config: TraceConfi
         for indices in minibatches(len(rows), grpo.mini_batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
             chosen = [rows[i] for i in indices.tolist()]
-            for position, row in enumerate(chosen):
-                batch = pad_batch([row.token_ids], [row.action_mask], [row.logprobs], [row.advantage], pad_id)
+            chunks = [chosen[i: i + grpo.micro_batch_size] for i in range(0, len(chosen), grpo.micro_batch_size)]
+            for position, chunk in enumerate(chunks):
+                batch = pad_batch(
+                    [r.token_ids for r in chunk], [r.action_mask for r in chunk], [r.logprobs for r in chunk],
+                    [r.advantage for r in chunk], pad_id,
+                )
                 input_ids, attention = batch.input_ids.to(device), batch.attention_mask.to(device)
                 mask, old = batch.action_mask.to(device), batch.old_logprobs.to(device)
-                last = position == len(chosen) - 1
+                last = position == len(chunks) - 1
                 sync_context = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
+                share = len(chunk) / len(chosen)
                 with sync_context:
                     logits = model(input_ids=input_ids, attention_mask=attention).logits
                     new = token_logprobs(logits, input_ids, grpo.temperature)
@@ -149,13 +156,13 @@ def update(model, policy, optimizer, rows: list[TrainingRow], config: TraceConfi
                             base = token_logprobs(policy(input_ids=input_ids, attention_mask=attention).logits, input_ids, grpo.temperature)
                         kl = kl_penalty(new, base, mask)
                         loss = loss + grpo.kl_coef * kl
-                        totals["kl_to_base"] += float(kl.detach())
-                    (loss / len(chosen)).backward()
-                totals["clip_fraction"] += stats["clip_fraction"]
-                totals["approx_kl"] += stats["approx_kl"]
-                totals["entropy"] += entropy_from_logits(logits.detach(), mask, grpo.temperature)
-                totals["loss"] += float(loss.detach())
-                rows_seen += 1
+                        totals["kl_to_base"] += float(kl.detach()) * len(chunk)
+                    (loss * share).backward()
+                totals["clip_fraction"] += stats["clip_fraction"] * len(chunk)
+                totals["approx_kl"] += stats["approx_kl"] * len(chunk)
+                totals["entropy"] += entropy_from_logits(logits.detach(), mask, grpo.temperature) * len(chunk)
+                totals["loss"] += float(loss.detach()) * len(chunk)
+                rows_seen += len(chunk)
                 tokens += int(mask.sum())
             totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(parameters, grpo.max_grad_norm))
             optimizer.step()

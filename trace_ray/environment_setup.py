@@ -7,7 +7,7 @@ from typing import Callable
 
 from environments.protocol import Environment
 from environments.registry import UnknownEnvironmentError, environment_factory
-from trace_ray.config import EnvConfig
+from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.errors import TraceRayError
 
 
@@ -30,3 +30,15 @@ def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
         options.update(spec=env.spec, difficulty=env.difficulty)
     return lambda: factory(**options)
 
+
+
+def synthetic_env_config(config: TraceConfig, capability: str, difficulty: int | None = None) -> EnvConfig:
+    """``env=synthetic/<capability>`` of ``config.run_dir`` under the target's turn limits and success threshold.
+
+    ``difficulty`` None: the spec's calibrated one.
+    """
+    spec = Path(config.run_dir).resolve() / "environments" / capability / "spec.json"
+    return EnvConfig(
+        name="synthetic", capability=capability, spec=str(spec), difficulty=difficulty, max_turns=config.env.max_turns,
+        max_tool_calls_per_turn=config.env.max_tool_calls_per_turn, success_threshold=config.env.success_threshold,
+    )

@@ -20,10 +20,10 @@ from rich.progress import Progress
 from environments.self_checks import oracle
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.artifacts import atomic_path, write_json
-from trace_ray.config import EnvConfig, TraceConfig
+from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams, make_engine
-from trace_ray.environment_setup import environment_maker
+from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts
 from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
 from trace_ray.routing.logit_router import BASE, LogitRouter, RouteOption, compact_messages
@@ -34,12 +34,7 @@ ADAPTER_VERSION = 1
 
 def oracle_example(config: TraceConfig, run_dir: Path, adapter: TrainedAdapter) -> str:
     """One successful trajectory of the adapter's synthetic environment (its oracle's), compacted."""
-    env_config = EnvConfig(
-        name="synthetic", capability=adapter.name, spec=str(run_dir / "environments" / adapter.name / "spec.json"),
-        difficulty=None, max_turns=config.env.max_turns, max_tool_calls_per_turn=config.env.max_tool_calls_per_turn,
-        success_threshold=config.env.success_threshold,
-    )
-    env = environment_maker(env_config)()
+    env = environment_maker(synthetic_env_config(config, adapter.name))()
     seed = env.task_seeds("analysis")[0]
     messages = list(env.reset(seed).messages)
     while True:

@@ -29,13 +29,13 @@ from rich.progress import Progress
 
 from environments.protocol import Environment, ToolSchema
 from environments.self_checks import run_self_checks
-from environments.synthetic.factory import synthetic_environment, target_templates
+from environments.synthetic.factory import target_templates
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams
-from trace_ray.environment_setup import environment_maker
+from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.errors import TraceRayError
 from trace_ray.models import load_tokenizer
 from trace_ray.rollout_loop import EpisodeTask, run_rollouts
@@ -144,14 +144,6 @@ def describe_target(config: TraceConfig) -> Target:
     return Target(config.env.name, reset.tools, policy)
 
 
-def synthetic_env_config(config: TraceConfig, name: str, spec: Path, difficulty: int) -> EnvConfig:
-    """The synthetic environment at ``difficulty``, under the target's turn limits and success threshold."""
-    return EnvConfig(
-        name="synthetic", capability=name, spec=str(spec), difficulty=difficulty, max_turns=config.env.max_turns,
-        max_tool_calls_per_turn=config.env.max_tool_calls_per_turn, success_threshold=config.env.success_threshold,
-    )
-
-
 def check_level(config: TraceConfig, env: EnvConfig, target: Target, seeds: list[int]) -> list[dict]:
     """The self-checks at one difficulty; raises when any fails."""
     make_env: Callable[[], Environment] = environment_maker(env)
@@ -184,14 +176,15 @@ def synthesize_capability(
         spec.update(generate_module(config, entry, target, folder))
         levels = spec.pop("difficulties")
         start = levels[(len(levels) - 1) // 2]
-    probe = synthetic_environment_probe(spec_path, spec, start, config)
+    write_json(spec_path, {**spec, "difficulty": start})  # the environment actors read it
+    probe = environment_maker(synthetic_env_config(config, name, start))()
     check_seeds = probe.task_seeds("analysis")[: config.synthesis.self_check_seeds]
     calibration_seeds = probe.task_seeds("eval")[: config.calibration.num_seeds]
     spec.update(difficulties=levels, self_check_seeds=check_seeds, calibration_seeds=calibration_seeds)
     checks: dict[int, list[dict]] = {}
 
     def evaluate(difficulty: int) -> CalibrationStats:
-        env = synthetic_env_config(config, name, spec_path, difficulty)
+        env = synthetic_env_config(config, name, difficulty)
         checks[difficulty] = check_level(config, env, target, check_seeds)
         groups = rollouts(env, calibration_seeds, f"{name}@{difficulty}")
         return calibration_stats(groups, tuple(config.calibration.pass_at))
@@ -209,15 +202,6 @@ def synthesize_capability(
     write_json(spec_path, spec)
     spec["rounds"] = result.rounds
     return spec
-
-
-def synthetic_environment_probe(spec_path: Path, spec: dict, difficulty: int, config: TraceConfig) -> Environment:
-    """Write the spec at the starting difficulty (the environment actors read it) and build one environment."""
-    write_json(spec_path, {**spec, "difficulty": difficulty})
-    return synthetic_environment(
-        str(spec_path), difficulty, max_turns=config.env.max_turns,
-        max_tool_calls_per_turn=config.env.max_tool_calls_per_turn, success_threshold=config.env.success_threshold,
-    )
 
 
 # -- the command ----------------------------------------------------------------------------------

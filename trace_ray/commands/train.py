@@ -20,8 +20,9 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from trace_ray.config import EnvConfig, TraceConfig
+from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
+from trace_ray.environment_setup import synthetic_env_config
 from trace_ray.errors import TraceRayError
 from trace_ray.training.train_loop import TrainJob
 
@@ -50,12 +51,8 @@ def capability_jobs(config: TraceConfig, run_dir: Path) -> list[TrainJob]:
     jobs = []
     for entry in ready:
         name = entry["name"]
-        env = EnvConfig(
-            name="synthetic", capability=name, spec=str(run_dir / "environments" / name / "spec.json"), difficulty=None,
-            max_turns=config.env.max_turns, max_tool_calls_per_turn=config.env.max_tool_calls_per_turn,
-            success_threshold=config.env.success_threshold,
-        )
-        jobs.append(TrainJob(config.adapter or name, env, str(run_dir / "adapters" / (config.adapter or name))))
+        output = run_dir / "adapters" / (config.adapter or name)
+        jobs.append(TrainJob(config.adapter or name, synthetic_env_config(config, name), str(output)))
     return jobs
 
 

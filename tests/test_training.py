@@ -211,20 +211,64 @@ def test_training_error_unwraps_a_worker_error():
     assert isinstance(error, TraceRayError) and str(error) == "training skill failed: rollout worker 0 failed to load adapter"
 
 
+def write_template_spec(run_dir, capability, difficulty):
+    folder = run_dir / "environments" / capability
+    folder.mkdir(parents=True)
+    spec = {"capability": capability, "target": "device", "source": "templates", "difficulty": difficulty}
+    (folder / "spec.json").write_text(json.dumps(spec))
+
+
+def capability_config(run_dir, *overrides):
+    return tiny_config(
+        f"run_dir={run_dir}", "grpo.iterations=1", "grpo.group_size=2", "grpo.groups_per_batch=1",
+        "grpo.max_resample_batches=0", "model.sampling.max_new_tokens=6", "trainer.cpus_per_worker=0.5", *overrides,
+    )
+
+
 def test_every_ready_capability_trains_in_its_synthetic_environment(tmp_path, ray_session):
     entries = [{"name": "tool_calling_precision", "status": "READY"}, {"name": "datetime_reasoning", "status": "FAILED"}]
     write_selection(tmp_path, entries)
-    folder = tmp_path / "environments" / "tool_calling_precision"
-    folder.mkdir(parents=True)
-    (folder / "spec.json").write_text(json.dumps(
-        {"capability": "tool_calling_precision", "target": "device", "source": "templates", "difficulty": 0}
-    ))
-    config = tiny_config(
-        f"run_dir={tmp_path}", "grpo.iterations=1", "grpo.group_size=2", "grpo.groups_per_batch=1",
-        "grpo.max_resample_batches=0", "model.sampling.max_new_tokens=6", "trainer.cpus_per_worker=0.5",
-    )
-    train.run(config)
+    write_template_spec(tmp_path, "tool_calling_precision", 0)
+    train.run(capability_config(tmp_path))
     [row] = metrics_of(tmp_path, "tool_calling_precision")
     assert row["iteration"] == 1 and row["rollouts"] == 2 and row["sync_s"] > 0
     assert (tmp_path / "adapters" / "tool_calling_precision" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "adapters" / "datetime_reasoning").exists()  # FAILED capabilities are not trained
+
+
+def test_capabilities_train_concurrently_when_the_cluster_holds_two_jobs(tmp_path, ray_session):
+    names = ["tool_calling_precision", "datetime_reasoning"]
+    write_selection(tmp_path, [{"name": name, "status": "READY"} for name in names])
+    for name in names:
+        write_template_spec(tmp_path, name, 1)
+    train.run(capability_config(tmp_path, "trainer.concurrent_jobs=2"))  # 1.6 CPUs a job; the session's Ray has 4
+    first, second = (metrics_of(tmp_path, name)[0] for name in names)
+    assert first["started_at"] < second["finished_at"] and second["started_at"] < first["finished_at"]  # they overlapped
+
+
+@pytest.mark.parametrize(
+    "requested, jobs, available, expected",
+    [
+        (4, 3, {"CPU": 16.0, "GPU": 8.0}, 3),  # no more slots than jobs
+        (4, 7, {"CPU": 16.0, "GPU": 8.0}, 4),  # no more than asked
+        (4, 7, {"CPU": 16.0, "GPU": 5.0}, 2),  # GPUs bound it: 2 per job
+        (4, 7, {"CPU": 5.0, "GPU": 8.0}, 1),   # CPUs bound it: 3.5 per job
+        (4, 7, {"CPU": 2.0}, 1),               # never below one (it waits for resources)
+    ],
+)
+def test_concurrent_slots_fit_the_available_resources(requested, jobs, available, expected):
+    config = tiny_config("trainer.num_workers=1", "trainer.use_gpu=true", "trainer.cpus_per_worker=2",
+                         "rollout.worker_cpus=1", "rollout.worker_gpus=1", "rollout.env_actor_cpus=0.5")
+    need = train.job_resources(config)
+    assert need == {"CPU": 3.5, "GPU": 2}
+    assert train.concurrent_slots(requested, jobs, need, available) == expected
+
+
+def test_concurrent_jobs_split_the_default_threads():
+    config = tiny_config("trainer.num_workers=1", "rollout.num_workers=1")
+    shared = train.sharing_cores(config, 2)
+    cores = __import__("os").cpu_count()
+    assert shared.trainer.torch_threads == max(1, cores // 2) and shared.rollout.worker_threads == max(1, cores // 2)
+    assert train.sharing_cores(config, 1) is config
+    pinned = train.sharing_cores(tiny_config("trainer.torch_threads=3"), 2)
+    assert pinned.trainer.torch_threads == 3  # an explicit setting is kept

@@ -217,6 +217,7 @@ class TrainerConfig:
     use_gpu: bool = MISSING
     cpus_per_worker: float = MISSING
     torch_threads: Optional[int] = None  # per train worker (null: cores / num_workers)
+    concurrent_jobs: int = MISSING  # capability adapters trained at once, as far as the cluster's resources allow
     storage_path: Optional[str] = None
 
 
@@ -385,6 +386,7 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     _require(bool(lora.target_modules), "lora.target_modules must name at least one module (e.g. [q_proj, v_proj])")
     _require(trainer.num_workers >= 1 and trainer.cpus_per_worker > 0, "trainer.num_workers must be >= 1 and trainer.cpus_per_worker > 0")
     _require(trainer.torch_threads is None or trainer.torch_threads >= 1, f"trainer.torch_threads must be >= 1 or null, got {trainer.torch_threads}")
+    _require(trainer.concurrent_jobs >= 1, f"trainer.concurrent_jobs must be >= 1, got {trainer.concurrent_jobs}")
 
 
 def to_typed(composed: DictConfig | dict[str, Any]) -> TraceConfig:

@@ -9,13 +9,20 @@ live under ``trainer.storage_path`` (default ``DIR/train_state``); rerunning
 the same command resumes a job from its latest checkpoint. The adapter is
 exported to ``DIR/adapters/<name>/`` as a PEFT folder, beside
 ``metrics.parquet``, ``tensorboard/`` and ``reward_curve.png``.
+
+Capabilities train one after another, or ``trainer.concurrent_jobs`` at once
+as far as the cluster's free CPUs and GPUs hold that many jobs (each job: its
+Ray Train workers, rollout workers and environment actors).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.progress import Progress
@@ -67,7 +74,36 @@ def train_jobs(config: TraceConfig) -> list[TrainJob]:
     return capability_jobs(config, run_dir)
 
 
-def fit(config: TraceConfig, job: TrainJob) -> list[dict]:
+def job_resources(config: TraceConfig) -> dict[str, float]:
+    """The CPUs and GPUs one training job holds: its Ray Train workers, rollout workers and environment actors."""
+    trainer, rollout = config.trainer, config.rollout
+    return {
+        "CPU": trainer.num_workers * trainer.cpus_per_worker + rollout.num_workers * rollout.worker_cpus
+        + rollout.num_env_actors * rollout.env_actor_cpus,
+        "GPU": trainer.num_workers * int(trainer.use_gpu) + rollout.num_workers * rollout.worker_gpus,
+    }
+
+
+def concurrent_slots(requested: int, jobs: int, need: dict[str, float], available: dict[str, float]) -> int:
+    """How many jobs run at once: at most ``requested`` and ``jobs``, as many as ``available`` holds, at least 1."""
+    fits = min((math.floor(available.get(key, 0.0) / amount + 1e-9) for key, amount in need.items() if amount > 0), default=jobs)
+    return max(1, min(requested, jobs, fits))
+
+
+def sharing_cores(config: TraceConfig, slots: int) -> TraceConfig:
+    """``config`` with the default torch threads of train and rollout workers split among ``slots`` concurrent jobs."""
+    if slots == 1:
+        return config
+    cores = os.cpu_count() or 1
+    trainer, rollout = config.trainer, config.rollout
+    return dataclasses.replace(
+        config,
+        trainer=dataclasses.replace(trainer, torch_threads=trainer.torch_threads or max(1, cores // (trainer.num_workers * slots))),
+        rollout=dataclasses.replace(rollout, worker_threads=rollout.worker_threads or max(1, cores // (rollout.num_workers * slots))),
+    )
+
+
+def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
     """One TorchTrainer run (resumed from its latest checkpoint if any); the metrics of every iteration."""
     import pyarrow.parquet as pq
     import ray.train
@@ -109,14 +145,14 @@ def fit(config: TraceConfig, job: TrainJob) -> list[dict]:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task(f"GRPO {job.name}", total=config.grpo.iterations)
-        while not done.wait(POLL_S):
-            if metrics_path.is_file():
-                rows = pq.read_table(metrics_path, columns=["iteration", "reward_mean"]).to_pylist()
-                if rows:
-                    last = rows[-1]
-                    progress.update(bar, completed=last["iteration"], description=f"GRPO {job.name} reward {last['reward_mean']:.3f}")
+    bar = progress.add_task(f"GRPO {job.name}", total=config.grpo.iterations)
+    while not done.wait(POLL_S):
+        if metrics_path.is_file():
+            rows = pq.read_table(metrics_path, columns=["iteration", "reward_mean"]).to_pylist()
+            if rows:
+                last = rows[-1]
+                progress.update(bar, completed=last["iteration"], description=f"GRPO {job.name} reward {last['reward_mean']:.3f}")
+    progress.remove_task(bar)
     thread.join()
     if failure:
         raise training_error(failure[0], job) from None
@@ -139,18 +175,33 @@ def training_error(exc: BaseException, job: TrainJob) -> BaseException:
 
 
 def run(config: TraceConfig) -> None:
+    import ray
+
+    from actors.rollout_coordinator import connect_ray
+
     jobs = train_jobs(config)
-    rows = []
-    for job in jobs:
+    slots = 1
+    if config.trainer.concurrent_jobs > 1 and len(jobs) > 1:
+        connect_ray(config)
+        need = job_resources(config)
+        slots = concurrent_slots(config.trainer.concurrent_jobs, len(jobs), need, ray.available_resources())
+        if slots < min(config.trainer.concurrent_jobs, len(jobs)):
+            console.print(f"the cluster holds {slots} training job(s) at once (each needs {need['CPU']:g} CPU, {need['GPU']:g} GPU); running {slots}")
+    config = sharing_cores(config, slots)
+
+    def train_one(job: TrainJob) -> tuple[str, ...]:
         console.print(f"[bold]{job.name}[/bold]: GRPO in env={job.env.name}{'/' + job.env.capability if job.env.capability else ''}")
-        history = fit(config, job)
+        history = fit(config, job, progress)
         if not history:
             raise TraceRayError(f"training {job.name} reported no iteration; see the Ray logs")
         first, last = history[0], history[-1]
-        rows.append((
+        return (
             job.name, str(last["iteration"]), f"{first['reward_mean']:.3f}", f"{last['reward_mean']:.3f}",
             f"{max(h['reward_mean'] for h in history):.3f}", "plateau" if last.get("stopped_on_plateau") else "iterations",
-        ))
+        )
+
+    with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(slots) as pool:
+        rows = list(pool.map(train_one, jobs))
     print_table(
         f"GRPO adapters in {Path(config.run_dir) / 'adapters'}",
         ["adapter", "iterations", "first reward", "last reward", "best reward", "stopped by"],

@@ -253,9 +253,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
     while not stop:
         iteration = state.iteration + 1
         if rank == 0:
+            started_at = time.time()
             groups, cursor, rollout_s = rollouts.collect(state, version=state.iteration)
             rows = training_rows(groups, grpo.advantage, grpo.advantage_eps, grpo.max_tokens_per_trajectory)
-            payload = {"rows": rows, "cursor": cursor, "metrics": iteration_metrics(iteration, summarize_groups(groups), rollout_s)}
+            metrics = dict(iteration_metrics(iteration, summarize_groups(groups), rollout_s), started_at=started_at)
+            payload = {"rows": rows, "cursor": cursor, "metrics": metrics}
         payload = broadcast(payload if rank == 0 else None, rank, world_size)
         state.seed_cursor = payload["cursor"]
         metrics = dict(payload["metrics"], skipped=not payload["rows"])
@@ -274,6 +276,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         state.since_best = 0 if improved else state.since_best + 1
         stop = state.iteration >= grpo.iterations or state.since_best >= grpo.plateau_patience
         metrics["stopped_on_plateau"] = state.since_best >= grpo.plateau_patience
+        metrics["finished_at"] = time.time()
         state.history.append(metrics)
         if rank == 0:
             log.write(state.history)

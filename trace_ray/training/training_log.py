@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from trace_ray.artifacts import atomic_path
 
 CURVE_FIELDS = ("reward_mean", "success_rate")
+CLOCK_FIELDS = ("started_at", "finished_at")  # wall-clock times: in the Parquet file, not plotted
 
 
 class TrainingLog:
@@ -33,7 +34,7 @@ class TrainingLog:
             self._writer = SummaryWriter(str(self.folder / "tensorboard"))
         for metrics in history[self._logged:]:
             for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in CLOCK_FIELDS:
                     self._writer.add_scalar(f"grpo/{key}", value, metrics["iteration"])
         self._writer.flush()
         self._logged = len(history)

@@ -45,3 +45,14 @@ class ParityEnvironment(ToolEnvironment):
 
     def task_fingerprint(self) -> str:
         return f"parity-{self.seed}"
+
+
+class OddParityEnvironment(ParityEnvironment):
+    """ParityEnvironment with the reward flipped: 1.0 for an odd number of characters."""
+
+    name = "odd_parity"
+
+    def score(self) -> tuple[float, dict[str, Any]]:
+        reward, info = super().score()
+        reward = 1.0 - reward if self.log.replies else 0.0
+        return reward, {**info, "success": reward == 1.0}

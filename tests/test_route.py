@@ -29,10 +29,11 @@ def write_run(run_dir, names):
         export_adapter(policy, run_dir / "adapters" / name)
 
 
-def test_route_scores_the_logit_router_against_oracle_labels(tmp_path):
+def test_route_scores_every_router_against_oracle_labels(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
     write_run(tmp_path, names)
-    assert main(["route", f"run_dir={tmp_path}", *TINY, "limit=3", "model.sampling.max_new_tokens=8"]) == 0
+    overrides = ["limit=3", "router.train_limit=4", "model.sampling.max_new_tokens=8"]
+    assert main(["route", f"run_dir={tmp_path}", *TINY, *overrides]) == 0
     report = json.loads((tmp_path / "router" / "logit.json").read_text())
     assert report["options"] == [*names, "base"] and len(report["tasks"]) == 3
     for task in report["tasks"]:
@@ -42,7 +43,36 @@ def test_route_scores_the_logit_router_against_oracle_labels(tmp_path):
     assert sum(map(sum, report["confusion"])) == 3
     hits = sum(task["choice"] == task["oracle"] for task in report["tasks"])
     assert report["accuracy"] == hits / 3
-    assert "logit router accuracy" in (tmp_path / "router" / "report.md").read_text()
+    assert report["routed_reward"] == sum(task["rewards"][task["choice"]] for task in report["tasks"]) / 3
+    summary = json.loads((tmp_path / "router" / "summary.json").read_text())
+    assert summary["tasks"] == 3 and summary["train_tasks"] == 4 and sum(summary["train_labels"].values()) == 4
+    assert summary["oracle_reward"] >= max(report["routed_reward"], summary["base_reward"])
+    learned = summary["routers"]["learned"]  # the tiny model earns nothing on device tasks: every label is base
+    assert summary["train_labels"] == {"base": 4} and "a gate would learn a constant" in learned["error"]
+    assert not (tmp_path / "router" / "learned_gate.safetensors").exists()
+    text = (tmp_path / "router" / "report.md").read_text()
+    assert "logit router accuracy" in text and "| learned | not trained" in text
+
+
+def test_the_learned_gate_trains_on_mixed_labels_and_is_scored_on_held_out_tasks(tmp_path):
+    names = ["datetime_reasoning", "information_reporting"]
+    write_run(tmp_path, names)
+    env = "env.name=tests.scripted_environments:OddParityEnvironment"  # the adapters' replies win some tasks
+    assert main(["route", f"run_dir={tmp_path}", *TINY, env, "limit=4", "model.sampling.max_new_tokens=9"]) == 0
+    summary = json.loads((tmp_path / "router" / "summary.json").read_text())
+    assert summary["train_tasks"] == 8 and len(summary["train_labels"]) > 1
+    report = json.loads((tmp_path / "router" / "learned.json").read_text())
+    assert len(report["tasks"]) == 4 and report["accuracy"] == summary["routers"]["learned"]["accuracy"]
+    assert report["accuracy"] == sum(task["choice"] == task["oracle"] for task in report["tasks"]) / 4
+    card = json.loads((tmp_path / "router" / "learned_gate.json").read_text())
+    assert card["names"] == [*names, "base"] and card["metrics"]["label_counts"] == {
+        name: summary["train_labels"].get(name, 0) for name in card["names"]
+    }
+
+
+def test_the_gate_cannot_be_scored_on_its_training_split(tmp_path, capsys):
+    assert main(["route", f"run_dir={tmp_path}", *TINY, "split=analysis"]) == 1
+    assert "held-out accuracy needs two splits" in capsys.readouterr().err
 
 
 def test_oracle_label_ties_go_to_base_and_confusion_counts():

@@ -222,9 +222,58 @@ class TrainerConfig:
 
 
 @dataclass
+class GateConfig:
+    hidden: int = MISSING  # width of the gate's hidden layer (0: a linear gate)
+    epochs: int = MISSING
+    lr: float = MISSING
+    weight_decay: float = MISSING
+
+
+@dataclass
+class MoEConfig:
+    top_k: int = MISSING  # options {base, adapters} each token is routed to at every adapted layer
+    load_balance_coef: float = MISSING
+    epochs: int = MISSING
+    lr: float = MISSING
+
+
+@dataclass
 class RouterConfig:
-    name: str = MISSING  # logit
-    max_example_chars: int = MISSING
+    name: str = MISSING  # the router serve and evaluate use: logit | learned | moe | none
+    max_example_chars: int = MISSING  # logit: each option's example trajectory, compacted
+    train_split: str = MISSING  # learned, moe: the target split whose oracle labels train the gates
+    train_limit: Optional[int] = None  # learned, moe: at most this many training tasks (null: the whole split)
+    gate: GateConfig = field(default_factory=GateConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+
+
+@dataclass
+class AutoscalingConfig:
+    min_replicas: int = MISSING
+    max_replicas: int = MISSING
+    target_ongoing_requests: float = MISSING  # requests in flight per replica that autoscaling aims for
+
+
+@dataclass
+class ServeConfig:
+    host: str = MISSING
+    port: int = MISSING
+    api_key_env: str = MISSING  # the variable holding the API key; set and non-empty: requests need it
+    ingress_replicas: int = MISSING
+    router_replicas: int = MISSING
+    llm_replicas: int = MISSING
+    autoscaling: Optional[AutoscalingConfig] = None  # null: the fixed replica counts above
+    max_ongoing_requests: int = MISSING  # per replica
+    max_request_bytes: int = MISSING
+    max_tokens_limit: int = MISSING  # the most max_tokens a request may ask for
+    default_max_tokens: int = MISSING
+    route_cache_size: int = MISSING  # conversations whose routing decision the router keeps
+    router_num_cpus: float = MISSING
+    router_num_gpus: float = MISSING
+    llm_num_cpus: float = MISSING
+    llm_num_gpus: float = MISSING
+    llm_threads: Optional[int] = None  # torch threads per LLM replica (null: all cores)
+    config_out: Optional[str] = None  # write a Serve config YAML here for `serve deploy` instead of serving
 
 
 @dataclass
@@ -251,6 +300,7 @@ class TraceConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     train_on: str = MISSING  # capabilities | env
     capability: Optional[str] = None
     adapter: Optional[str] = None
@@ -324,8 +374,8 @@ def validate(config: TraceConfig) -> TraceConfig:
         _require(bool(env.spec), "env=synthetic needs env.spec (conf/env/synthetic.yaml sets it from run_dir)")
     _validate_synthesis(config.synthesis, config.calibration)
     _validate_training(config.grpo, config.lora, config.trainer)
-    _require(config.router.name in ("logit",), f"router={config.router.name!r} is not one of logit")
-    _require(config.router.max_example_chars > 0, f"router.max_example_chars must be > 0, got {config.router.max_example_chars}")
+    _validate_router(config.router)
+    _validate_serve(config.serve)
     _require(config.train_on in ("capabilities", "env"), f"train_on={config.train_on!r} is not one of capabilities, env")
     from trace_ray.capabilities.aggregation import SelectionSettings
 
@@ -362,6 +412,40 @@ def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConf
         )
     for key in ("max_all_success", "max_all_zero"):
         _require(0 <= getattr(band, key) <= 1, f"calibration.band.{key} must be in [0, 1], got {getattr(band, key)}")
+
+
+ROUTERS = ("logit", "learned", "moe", "none")
+
+
+def _validate_router(router: RouterConfig) -> None:
+    _require(router.name in ROUTERS, f"router={router.name!r} is not one of {', '.join(ROUTERS)}")
+    _require(router.max_example_chars > 0, f"router.max_example_chars must be > 0, got {router.max_example_chars}")
+    _require(router.train_limit is None or router.train_limit >= 2, f"router.train_limit must be >= 2 or null, got {router.train_limit}")
+    _require(router.gate.hidden >= 0, f"router.gate.hidden must be >= 0, got {router.gate.hidden}")
+    for key in ("epochs", "lr"):
+        _require(getattr(router.gate, key) > 0 and getattr(router.moe, key) > 0, f"router.gate.{key} and router.moe.{key} must be > 0")
+    _require(router.gate.weight_decay >= 0, f"router.gate.weight_decay must be >= 0, got {router.gate.weight_decay}")
+    _require(router.moe.top_k >= 1, f"router.moe.top_k must be >= 1, got {router.moe.top_k}")
+    _require(router.moe.load_balance_coef >= 0, f"router.moe.load_balance_coef must be >= 0, got {router.moe.load_balance_coef}")
+
+
+def _validate_serve(serve: ServeConfig) -> None:
+    _require(bool(serve.host), "serve.host must name an interface, e.g. serve.host=127.0.0.1 (0.0.0.0: every interface)")
+    _require(0 < serve.port < 65536, f"serve.port must be in 1..65535, got {serve.port}")
+    _require(bool(serve.api_key_env), "serve.api_key_env must name an environment variable, e.g. TRACE_RAY_API_KEY")
+    for key in ("ingress_replicas", "router_replicas", "llm_replicas", "max_ongoing_requests", "max_request_bytes",
+                "max_tokens_limit", "default_max_tokens", "route_cache_size"):
+        _require(getattr(serve, key) >= 1, f"serve.{key} must be >= 1, got {getattr(serve, key)}")
+    _require(serve.default_max_tokens <= serve.max_tokens_limit,
+             f"serve.default_max_tokens ({serve.default_max_tokens}) exceeds serve.max_tokens_limit ({serve.max_tokens_limit}); lower it")
+    for key in ("router_num_cpus", "router_num_gpus", "llm_num_cpus", "llm_num_gpus"):
+        _require(getattr(serve, key) >= 0, f"serve.{key} must be >= 0, got {getattr(serve, key)}")
+    _require(serve.llm_threads is None or serve.llm_threads >= 1, f"serve.llm_threads must be >= 1 or null, got {serve.llm_threads}")
+    scaling = serve.autoscaling
+    if scaling is not None:
+        _require(1 <= scaling.min_replicas <= scaling.max_replicas,
+                 f"serve.autoscaling needs 1 <= min_replicas <= max_replicas, got {scaling.min_replicas} and {scaling.max_replicas}")
+        _require(scaling.target_ongoing_requests > 0, f"serve.autoscaling.target_ongoing_requests must be > 0, got {scaling.target_ongoing_requests}")
 
 
 def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfig) -> None:

@@ -1,13 +1,20 @@
-"""``trace-ray route run_dir=DIR``: route held-out target tasks to capability adapters, scored against oracle labels.
+"""``trace-ray route run_dir=DIR``: build every router over the trained adapters and score it against oracle labels.
 
-Oracle labels: every task of ``split`` (default ``eval``) is played greedily
-with the base model and with each trained adapter; the label is whichever
-scored best (ties go to the base). The router (``router=logit``, the paper's
-training-free router: ``trace_ray/routing/logit_router.py``) reads each
-task's first observation with each capability's description and one
-successful trajectory of its synthetic environment (the oracle's). Writes
-``DIR/router/logit.json`` (per task: choice, scores, oracle label, rewards)
-and ``DIR/router/report.md`` (accuracy and the confusion matrix).
+Oracle labels: every task is played greedily with the base model and with
+each trained adapter; the label is whichever scored best (ties go to the
+base). Tasks of ``router.train_split`` (default ``analysis``) train the
+learned routers; tasks of ``split`` (default ``eval``) are held out, and
+every router is scored on them:
+
+- ``logit``: the paper's training-free router (``trace_ray/routing/logit_router.py``);
+- ``learned``: one gate over pooled hidden states (``trace_ray/routing/learned_gate.py``),
+  saved to ``DIR/router/learned_gate.*``.
+
+A learned router whose training labels are degenerate (one option
+throughout) is reported as not trained, with the reason. Writes
+``DIR/router/<router>.json`` (per task: choice, scores, oracle label,
+rewards), ``DIR/router/summary.json`` and ``DIR/router/report.md``
+(accuracy, routed reward and the confusion matrix of each router).
 """
 
 from __future__ import annotations
@@ -17,32 +24,21 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from environments.self_checks import oracle
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams, make_engine
-from trace_ray.environment_setup import environment_maker, synthetic_env_config
+from trace_ray.environment_setup import environment_maker
+from trace_ray.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts
 from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
-from trace_ray.routing.logit_router import BASE, LogitRouter, RouteOption, compact_messages
+from trace_ray.routing.learned_gate import fit_gate, gate_decisions, pooled_features, save_gate
+from trace_ray.routing.logit_router import BASE, RouteDecision
+from trace_ray.routing.routers import logit_router
 
-HELP = "route held-out tasks to capability adapters with the logit router; accuracy and confusion matrix against oracle labels"
+HELP = "build the logit and learned routers over the trained adapters; accuracy and confusion matrices against oracle labels"
 ADAPTER_VERSION = 1
-
-
-def oracle_example(config: TraceConfig, run_dir: Path, adapter: TrainedAdapter) -> str:
-    """One successful trajectory of the adapter's synthetic environment (its oracle's), compacted."""
-    env = environment_maker(synthetic_env_config(config, adapter.name))()
-    seed = env.task_seeds("analysis")[0]
-    messages = list(env.reset(seed).messages)
-    while True:
-        message = oracle(env)
-        step = env.step(message)
-        messages += [message, *step.messages]
-        if step.done:
-            return compact_messages(messages, config.router.max_example_chars)
 
 
 def best_choice(rewards: dict[str, float], order: list[str]) -> str:
@@ -50,6 +46,15 @@ def best_choice(rewards: dict[str, float], order: list[str]) -> str:
     best = max(rewards.values())
     tied = [name for name in order if rewards[name] == best]
     return BASE if BASE in tied else tied[0]
+
+
+def split_seeds(env, split: str, limit: int | None) -> list[int]:
+    """The first ``limit`` task seeds of ``split``; ``train`` (unbounded) needs a limit."""
+    if split == "train":
+        if not limit:
+            raise TraceRayError("router.train_split=train has unlimited tasks; set router.train_limit")
+        return [env.train_seed(index) for index in range(limit)]
+    return env.task_seeds(split)[: limit or None]
 
 
 def oracle_rewards(config: TraceConfig, adapters: list[TrainedAdapter], seeds: list[int]) -> dict[int, dict[str, float]]:
@@ -82,46 +87,110 @@ def confusion(labels: list[str], choices: list[str], names: list[str]) -> list[l
     return [[counts[(label, choice)] for choice in names] for label in names]
 
 
-def report_markdown(names: list[str], matrix: list[list[int]], accuracy: float, tasks: int, split: str) -> str:
-    header = "| oracle \\ router | " + " | ".join(names) + " |"
-    rule = "|---" * (len(names) + 1) + "|"
-    rows = [f"| {name} | " + " | ".join(str(n) for n in row) + " |" for name, row in zip(names, matrix)]
-    return "\n".join([
-        f"# Routing on {tasks} held-out tasks ({split})", "", f"logit router accuracy against the oracle labels: {accuracy:.3f}", "",
-        header, rule, *rows, "",
-    ])
+def router_summary(decisions: list[RouteDecision], labels: list[str], rewards: list[dict[str, float]], names: list[str]) -> dict:
+    """Accuracy against the oracle labels, the mean reward of the chosen options, and the confusion matrix."""
+    choices = [decision.choice for decision in decisions]
+    return {
+        "accuracy": sum(label == choice for label, choice in zip(labels, choices)) / len(labels),
+        "routed_reward": sum(reward[choice] for reward, choice in zip(rewards, choices)) / len(labels),
+        "confusion": confusion(labels, choices, names),
+    }
+
+
+def matrix_markdown(names: list[str], matrix: list[list[int]]) -> list[str]:
+    return [
+        "| oracle \\ router | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|",
+        *(f"| {name} | " + " | ".join(str(n) for n in row) + " |" for name, row in zip(names, matrix)),
+    ]
+
+
+def report_markdown(summary: dict) -> str:
+    names, lines = summary["options"], [f"# Routing on {summary['tasks']} held-out tasks ({summary['split']})", ""]
+    lines += ["| router | accuracy | routed reward |", "|---|---|---|"]
+    for name, result in summary["routers"].items():
+        if "accuracy" in result:
+            lines.append(f"| {name} | {result['accuracy']:.3f} | {result['routed_reward']:.3f} |")
+        else:
+            lines.append(f"| {name} | not trained: {result['error']} | |")
+    lines += [f"| always base | {summary['base_accuracy']:.3f} | {summary['base_reward']:.3f} |"]
+    lines += [f"| oracle | 1.000 | {summary['oracle_reward']:.3f} |", ""]
+    for name, result in summary["routers"].items():
+        if "confusion" in result:
+            lines += [f"## {name} router accuracy against the oracle labels: {result['accuracy']:.3f}", ""]
+            lines += [*matrix_markdown(names, result["confusion"]), ""]
+    return "\n".join(lines)
+
+
+def learned_decisions(config, model, tokenizer, names, train_observations, train_labels, eval_observations, folder: Path):
+    gate = fit_gate(pooled_features(model, tokenizer, train_observations), train_labels, names, config.router.gate, config.seed)
+    save_gate(folder, gate, config.model.name)
+    return gate_decisions(gate, pooled_features(model, tokenizer, eval_observations))
 
 
 def run(config: TraceConfig) -> None:
     from trace_ray.models import load_model
 
     run_dir = Path(config.run_dir)
+    if config.router.train_split == config.split:
+        raise TraceRayError(f"router.train_split and split are both {config.split}; held-out accuracy needs two splits (e.g. analysis and eval)")
     adapters = trained_adapters(run_dir)
     target = environment_maker(config.env)()
-    seeds = target.task_seeds(config.split)[: config.limit or None]
-    rewards = oracle_rewards(config, adapters, seeds)
+    eval_seeds = split_seeds(target, config.split, config.limit)
+    train_seeds = split_seeds(target, config.router.train_split, config.router.train_limit)
+    rewards = oracle_rewards(config, adapters, train_seeds + eval_seeds)
     names = [a.name for a in adapters] + [BASE]
-    labels = [best_choice(rewards[seed], [BASE] + names[:-1]) for seed in seeds]
+    labels = {seed: best_choice(rewards[seed], [BASE] + names[:-1]) for seed in rewards}
+    observations = {seed: list(target.reset(seed).messages) for seed in rewards}
+    eval_observations, eval_labels = [observations[s] for s in eval_seeds], [labels[s] for s in eval_seeds]
+    eval_rewards = [rewards[s] for s in eval_seeds]
     model, tokenizer = load_model(config.model)
-    options = [RouteOption(a.name, a.description, oracle_example(config, run_dir, a)) for a in adapters]
-    router = LogitRouter(model, tokenizer, options, max_example_chars=config.router.max_example_chars)
-    decisions = router.route_many([list(target.reset(seed).messages) for seed in seeds])
-    choices = [decision.choice for decision in decisions]
-    accuracy = sum(label == choice for label, choice in zip(labels, choices)) / len(seeds)
-    matrix = confusion(labels, choices, names)
     folder = run_dir / "router"
-    write_json(folder / "logit.json", {
-        "router": "logit", "split": config.split, "options": names, "accuracy": accuracy, "confusion": matrix,
-        "tasks": [
-            {"seed": seed, "choice": d.choice, "scores": d.scores, "probabilities": d.probabilities, "oracle": label, "rewards": rewards[seed]}
-            for seed, d, label in zip(seeds, decisions, labels)
-        ],
-    })
+
+    decisions: dict[str, list[RouteDecision] | str] = {}
+    decisions["logit"] = logit_router(config, model, tokenizer, adapters).route_many(eval_observations)
+    try:
+        decisions["learned"] = learned_decisions(
+            config, model, tokenizer, names, [observations[s] for s in train_seeds], [labels[s] for s in train_seeds],
+            eval_observations, folder,
+        )
+    except TraceRayError as exc:
+        decisions["learned"] = str(exc)
+
+    routers = {}
+    for router, outcome in decisions.items():
+        if isinstance(outcome, str):
+            routers[router] = {"error": outcome}
+            continue
+        routers[router] = router_summary(outcome, eval_labels, eval_rewards, names)
+        write_json(folder / f"{router}.json", {
+            "router": router, "split": config.split, "options": names, **routers[router],
+            "tasks": [
+                {"seed": seed, "choice": d.choice, "scores": d.scores, "probabilities": d.probabilities, "oracle": label, "rewards": reward}
+                for seed, d, label, reward in zip(eval_seeds, outcome, eval_labels, eval_rewards)
+            ],
+        })
+    count = len(eval_seeds)
+    summary = {
+        "split": config.split, "tasks": count, "train_split": config.router.train_split, "train_tasks": len(train_seeds),
+        "options": names, "routers": routers,
+        "train_labels": dict(Counter(labels[s] for s in train_seeds)), "eval_labels": dict(Counter(eval_labels)),
+        "base_accuracy": eval_labels.count(BASE) / count, "base_reward": sum(r[BASE] for r in eval_rewards) / count,
+        "oracle_reward": sum(max(r.values()) for r in eval_rewards) / count,
+    }
+    write_json(folder / "summary.json", summary)
     with atomic_path(folder / "report.md") as scratch:
-        Path(scratch).write_text(report_markdown(names, matrix, accuracy, len(seeds), config.split))
+        Path(scratch).write_text(report_markdown(summary))
+    rows = [
+        (name, f"{r['accuracy']:.3f}", f"{r['routed_reward']:.3f}") if "accuracy" in r else (name, "not trained", r["error"])
+        for name, r in routers.items()
+    ]
+    rows += [("always base", f"{summary['base_accuracy']:.3f}", f"{summary['base_reward']:.3f}"), ("oracle", "1.000", f"{summary['oracle_reward']:.3f}")]
     print_table(
-        f"logit router on {len(seeds)} {config.env.name}/{config.split} tasks: accuracy {accuracy:.3f} (rows: oracle label, columns: choice)",
-        ["oracle \\ router", *names],
-        [(name, *(str(n) for n in row)) for name, row in zip(names, matrix)],
+        f"routers on {count} held-out {config.env.name}/{config.split} tasks (trained on {len(train_seeds)} {config.router.train_split} tasks)",
+        ["router", "accuracy", "routed reward"], rows,
     )
-    console.print(f"per-task decisions: {folder / 'logit.json'}")
+    for router, result in routers.items():
+        if "confusion" in result:
+            print_table(f"{router} router (rows: oracle label, columns: choice)", ["oracle \\ router", *names],
+                        [(name, *(str(n) for n in row)) for name, row in zip(names, result["confusion"])])
+    console.print(f"per-task decisions and the report: {folder}")

@@ -1,0 +1,61 @@
+"""The router a run directory supports, built for serving and evaluation (``router=logit|learned|moe|none``).
+
+Every router answers ``route(first_observation) -> RouteDecision`` and
+``route_many(observations)`` and names its options in ``names`` (the
+capability adapters, then ``base``). ``router=none`` builds no router: the
+base model answers unless a request names an adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from environments.self_checks import oracle
+from trace_ray.config import TraceConfig
+from trace_ray.environment_setup import environment_maker, synthetic_env_config
+from trace_ray.errors import TraceRayError
+from trace_ray.routing.adapters import TrainedAdapter
+from trace_ray.routing.learned_gate import LearnedRouter, load_gate
+from trace_ray.routing.logit_router import LogitRouter, RouteDecision, RouteOption, compact_messages
+
+
+class Router(Protocol):
+    names: list[str]
+
+    def route(self, first_observation: list[dict]) -> RouteDecision: ...
+
+    def route_many(self, observations: list[list[dict]]) -> list[RouteDecision]: ...
+
+
+def oracle_example(config: TraceConfig, adapter: TrainedAdapter) -> str:
+    """One successful trajectory of the adapter's synthetic environment (its oracle's), compacted."""
+    env = environment_maker(synthetic_env_config(config, adapter.name))()
+    seed = env.task_seeds("analysis")[0]
+    messages = list(env.reset(seed).messages)
+    while True:
+        message = oracle(env)
+        step = env.step(message)
+        messages += [message, *step.messages]
+        if step.done:
+            return compact_messages(messages, config.router.max_example_chars)
+
+
+def logit_router(config: TraceConfig, model, tokenizer, adapters: list[TrainedAdapter]) -> LogitRouter:
+    options = [RouteOption(a.name, a.description, oracle_example(config, a)) for a in adapters]
+    return LogitRouter(model, tokenizer, options, max_example_chars=config.router.max_example_chars)
+
+
+def build_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters: list[TrainedAdapter]) -> Router | None:
+    """``config.router.name``'s router over ``adapters`` (None for ``none``); a missing artifact is a one-line error."""
+    name = config.router.name
+    if name == "none":
+        return None
+    if not adapters:
+        raise TraceRayError(f"router={name} needs trained capability adapters in {run_dir / 'adapters'}; use router=none or run trace-ray train")
+    if name == "logit":
+        return logit_router(config, model, tokenizer, adapters)
+    if name == "learned":
+        gate = load_gate(run_dir / "router", config.model.name, [a.name for a in adapters])
+        return LearnedRouter(model, tokenizer, gate)
+    raise TraceRayError(f"router={name} cannot be built here yet; use router=logit or router=none")

@@ -22,23 +22,18 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from rich.progress import Progress
-
-from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
-from trace_ray.engines import SamplingParams, make_engine
 from trace_ray.environment_setup import environment_maker
 from trace_ray.errors import TraceRayError
-from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts
-from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
+from trace_ray.evaluation.option_rollouts import play_options
+from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
 from trace_ray.routing.learned_gate import fit_gate, gate_decisions, pooled_features, save_gate
 from trace_ray.routing.logit_router import BASE, RouteDecision
 from trace_ray.routing.routers import logit_router
 
 HELP = "build the logit and learned routers over the trained adapters; accuracy and confusion matrices against oracle labels"
-ADAPTER_VERSION = 1
 
 
 def best_choice(rewards: dict[str, float], order: list[str]) -> str:
@@ -59,26 +54,8 @@ def split_seeds(env, split: str, limit: int | None) -> list[int]:
 
 def oracle_rewards(config: TraceConfig, adapters: list[TrainedAdapter], seeds: list[int]) -> dict[int, dict[str, float]]:
     """Seed -> option -> greedy reward of the base model and of each adapter."""
-    make_env = environment_maker(config.env)
-    engine = make_engine(config.model, config.engine)
-    for adapter in adapters:
-        weights, lora_config = read_peft_folder(adapter.folder)
-        engine.load_adapter(adapter.name, ADAPTER_VERSION, weights, lora_config)
-    options: list[tuple[str, tuple[str, int] | None]] = [(BASE, None)] + [(a.name, (a.name, ADAPTER_VERSION)) for a in adapters]
-    tasks = [EpisodeTask(f"{name}-{seed}", seed, 0, adapter=ref) for seed in seeds for name, ref in options]
-    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.model.sampling.max_new_tokens)
-    with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task(f"oracle labels: {len(seeds)} tasks x {len(options)} options", total=len(tasks))
-        results = run_rollouts(
-            tasks, LocalBackend(make_env, engine), AgentPrompt.for_model(config.model, engine.tokenizer), greedy,
-            config.batch_size, config.model.max_context_tokens, lambda _: progress.advance(bar), config.rollout.max_episode_tokens,
-        )
-    if hasattr(engine, "close"):
-        engine.close()
-    rewards: dict[int, dict[str, float]] = {seed: {} for seed in seeds}
-    for task, result in zip(tasks, results):
-        rewards[task.seed][task.key.rsplit("-", 1)[0]] = result.reward
-    return rewards
+    played = play_options(config, environment_maker(config.env), {a.name: a.folder for a in adapters}, seeds)
+    return {seed: {option: result.reward for option, result in results.items()} for seed, results in played.items()}
 
 
 def confusion(labels: list[str], choices: list[str], names: list[str]) -> list[list[int]]:

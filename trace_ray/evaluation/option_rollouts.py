@@ -1,0 +1,54 @@
+"""Greedy episodes of a task set under each option: the base model, or the base model with one LoRA adapter.
+
+One engine holds the base model and every adapter; each task is played once
+per option, all in one batched run. With greedy decoding and an adapter
+chosen at the start of the conversation, a router's score on a task is the
+score of the option it picks, so routers are scored from these episodes
+without playing the tasks again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from rich.progress import Progress
+
+from environments.protocol import Environment
+from trace_ray.agent_prompt import AgentPrompt
+from trace_ray.config import TraceConfig
+from trace_ray.console import console
+from trace_ray.engines import SamplingParams, make_engine
+from trace_ray.rollout_loop import EpisodeResult, EpisodeTask, LocalBackend, run_rollouts
+from trace_ray.routing.adapters import read_peft_folder
+from trace_ray.routing.logit_router import BASE
+
+ADAPTER_VERSION = 1
+
+
+def play_options(
+    config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
+    with_base: bool = True, engine=None,
+) -> dict[int, dict[str, EpisodeResult]]:
+    """Seed -> option (``base`` and each adapter name) -> its greedy episode.
+
+    ``engine``: one to use (for instance a gated mixture-of-experts engine) instead of the configured one.
+    """
+    engine = engine or make_engine(config.model, config.engine)
+    for name, folder in adapters.items():
+        engine.load_adapter(name, ADAPTER_VERSION, *read_peft_folder(folder))
+    options = ([(BASE, None)] if with_base else []) + [(name, (name, ADAPTER_VERSION)) for name in adapters]
+    tasks = [EpisodeTask(f"{name}-{seed}", seed, 0, adapter=ref) for seed in seeds for name, ref in options]
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.model.sampling.max_new_tokens)
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task(f"greedy episodes: {len(seeds)} tasks x {len(options)} options", total=len(tasks))
+        results = run_rollouts(
+            tasks, LocalBackend(make_env, engine), AgentPrompt.for_model(config.model, engine.tokenizer), greedy,
+            config.batch_size, config.model.max_context_tokens, lambda _: progress.advance(bar), config.rollout.max_episode_tokens,
+        )
+    if hasattr(engine, "close"):
+        engine.close()
+    played: dict[int, dict[str, EpisodeResult]] = {seed: {} for seed in seeds}
+    for task, result in zip(tasks, results):
+        played[task.seed][task.key.rsplit("-", 1)[0]] = result
+    return played

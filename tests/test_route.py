@@ -5,7 +5,8 @@ import json
 import torch
 
 from trace_ray.cli import compose_config, main
-from trace_ray.commands.route import best_choice, confusion
+from trace_ray.commands.route import confusion
+from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.training.lora_model import export_adapter, trainable_model
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]

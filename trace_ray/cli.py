@@ -29,6 +29,7 @@ COMMANDS = {
     "synthesize": "trace_ray.commands.synthesize",
     "train": "trace_ray.commands.train",
     "route": "trace_ray.commands.route",
+    "evaluate": "trace_ray.commands.evaluate",
 }
 FLAGS = {"-m", "--multirun", "--cfg", "-h", "--help"}
 

@@ -238,6 +238,12 @@ class MoEConfig:
 
 
 @dataclass
+class EvaluateConfig:
+    grpo_baseline: str = MISSING  # the adapter trained on the target itself (train_on=env adapter=NAME)
+    confidence: float = MISSING  # of the bootstrap intervals
+
+
+@dataclass
 class RouterConfig:
     name: str = MISSING  # the router serve and evaluate use: logit | learned | moe | none
     max_example_chars: int = MISSING  # logit: each option's example trajectory, compacted
@@ -300,6 +306,7 @@ class TraceConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     train_on: str = MISSING  # capabilities | env
     capability: Optional[str] = None
@@ -375,6 +382,8 @@ def validate(config: TraceConfig) -> TraceConfig:
     _validate_synthesis(config.synthesis, config.calibration)
     _validate_training(config.grpo, config.lora, config.trainer)
     _validate_router(config.router)
+    _require(0 < config.evaluate.confidence < 1, f"evaluate.confidence must be in (0, 1), got {config.evaluate.confidence}")
+    _require(bool(config.evaluate.grpo_baseline), "evaluate.grpo_baseline must name an adapter folder, e.g. grpo_on_target")
     _validate_serve(config.serve)
     _require(config.train_on in ("capabilities", "env"), f"train_on={config.train_on!r} is not one of capabilities, env")
     from trace_ray.capabilities.aggregation import SelectionSettings

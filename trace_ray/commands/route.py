@@ -27,20 +27,13 @@ from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
 from trace_ray.errors import TraceRayError
-from trace_ray.evaluation.option_rollouts import play_options
+from trace_ray.evaluation.option_rollouts import best_choice, play_options
 from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
 from trace_ray.routing.learned_gate import fit_gate, gate_decisions, pooled_features, save_gate
 from trace_ray.routing.logit_router import BASE, RouteDecision
 from trace_ray.routing.routers import logit_router
 
 HELP = "build the logit and learned routers over the trained adapters; accuracy and confusion matrices against oracle labels"
-
-
-def best_choice(rewards: dict[str, float], order: list[str]) -> str:
-    """The option with the highest reward; ties go to the base, else to the first in ``order``."""
-    best = max(rewards.values())
-    tied = [name for name in order if rewards[name] == best]
-    return BASE if BASE in tied else tied[0]
 
 
 def split_seeds(env, split: str, limit: int | None) -> list[int]:

@@ -26,6 +26,13 @@ from trace_ray.routing.logit_router import BASE
 ADAPTER_VERSION = 1
 
 
+def best_choice(rewards: dict[str, float], order: list[str]) -> str:
+    """The oracle label: the option with the highest reward; ties go to the base, else to the first in ``order``."""
+    best = max(rewards.values())
+    tied = [name for name in order if rewards[name] == best]
+    return BASE if BASE in tied else tied[0]
+
+
 def play_options(
     config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
     with_base: bool = True, engine=None,

@@ -1,0 +1,131 @@
+"""``trace-ray evaluate run_dir=DIR``: did the agent get better? Every method on the held-out split, greedy.
+
+Methods, all on the same tasks of ``split`` (default ``eval``) with the same
+turn limits:
+
+- ``base``: the base model alone;
+- ``adapter:<name>``: each capability adapter on every task;
+- ``TRACE (logit)``, ``TRACE (learned)``: the router picks one adapter (or
+  the base) per task from its first observation; with greedy decoding the
+  task then plays exactly as that option's episode, so it is scored from it;
+- ``oracle router``: the best option per task (an upper bound of routing);
+- ``GRPO on target``: one LoRA trained on the target itself
+  (``evaluate.grpo_baseline``, trained by ``trace-ray train train_on=env``);
+- ``prompt injection``: the base model with the selected capabilities'
+  descriptions added to the system prompt.
+
+Writes ``DIR/eval/report.json``, ``report.md`` (the table first) and PNG
+plots (methods with intervals, training reward curves, Cov vs Delta).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trace_ray.artifacts import atomic_path, write_json
+from trace_ray.config import TraceConfig
+from trace_ray.console import console, print_table
+from trace_ray.environment_setup import environment_maker
+from trace_ray.errors import TraceRayError
+from trace_ray.evaluation.option_rollouts import best_choice, play_options
+from trace_ray.evaluation.plots import plot_cov_delta, plot_methods, plot_reward_curves
+from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
+from trace_ray.evaluation.report import TABLE_HEADER, MethodScores, report_markdown, report_rows, table_rows
+from trace_ray.rollout_loop import EpisodeResult
+from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
+from trace_ray.routing.learned_gate import LearnedRouter, load_gate
+from trace_ray.routing.logit_router import BASE
+from trace_ray.routing.routers import logit_router
+
+HELP = "evaluate the base model, each adapter, TRACE with each router, the oracle router and two baselines on the held-out split"
+
+
+def training_metrics(folder: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    path = folder / "metrics.parquet"
+    return pq.read_table(path).to_pylist() if path.is_file() else []
+
+
+def scores(name: str, results: list[EpisodeResult], rollouts: int) -> MethodScores:
+    return MethodScores(name, [r.family for r in results], [r.reward for r in results], [r.success for r in results], rollouts)
+
+
+def router_choices(config: TraceConfig, run_dir: Path, adapters: list[TrainedAdapter], observations) -> tuple[dict, dict]:
+    """Router name -> its choice per task; and router name -> why it could not route."""
+    from trace_ray.models import load_model
+
+    model, tokenizer = load_model(config.model)
+    choices, unavailable = {}, {}
+    choices["logit"] = [d.choice for d in logit_router(config, model, tokenizer, adapters).route_many(observations)]
+    try:
+        gate = load_gate(run_dir / "router", config.model.name, [a.name for a in adapters])
+        choices["learned"] = [d.choice for d in LearnedRouter(model, tokenizer, gate).route_many(observations)]
+    except TraceRayError as exc:
+        unavailable["TRACE (learned)"] = str(exc)
+    return choices, unavailable
+
+
+def run(config: TraceConfig) -> None:
+    run_dir = Path(config.run_dir)
+    adapters = trained_adapters(run_dir)
+    selected = json.loads((run_dir / "capabilities" / "selected.json").read_text(encoding="utf-8"))
+    make_env = environment_maker(config.env)
+    target = make_env()
+    seeds = target.task_seeds(config.split)[: config.limit or None]
+    baseline = run_dir / "adapters" / config.evaluate.grpo_baseline
+    options = {a.name: a.folder for a in adapters}
+    unavailable: dict[str, str] = {}
+    if (baseline / "adapter_model.safetensors").is_file():
+        options[config.evaluate.grpo_baseline] = baseline
+    else:
+        unavailable["GRPO on target"] = (
+            f"no adapter in {baseline}; run trace-ray train run_dir={run_dir} train_on=env env={config.env.name} "
+            f"adapter={config.evaluate.grpo_baseline}"
+        )
+    played = play_options(config, make_env, options, seeds)
+    injected = play_options(config, with_system_note(make_env, capability_note(selected)), {}, seeds)
+    choices, router_gaps = router_choices(config, run_dir, adapters, [list(target.reset(seed).messages) for seed in seeds])
+    unavailable.update(router_gaps)
+
+    spent = {a.name: sum(row["rollouts"] for row in training_metrics(a.folder)) for a in adapters}
+    trace_rollouts = sum(spent.values())
+    methods = [scores("base", [played[s][BASE] for s in seeds], 0)]
+    methods += [scores(f"adapter:{a.name}", [played[s][a.name] for s in seeds], spent[a.name]) for a in adapters]
+    for router, picks in choices.items():
+        methods.append(scores(f"TRACE ({router})", [played[s][pick] for s, pick in zip(seeds, picks)], trace_rollouts))
+    order = [BASE] + [a.name for a in adapters]
+    oracle = [best_choice({name: played[s][name].reward for name in order}, order) for s in seeds]
+    methods.append(scores("oracle router", [played[s][pick] for s, pick in zip(seeds, oracle)], trace_rollouts))
+    if config.evaluate.grpo_baseline in options:
+        baseline_rollouts = sum(row["rollouts"] for row in training_metrics(baseline))
+        methods.append(scores("GRPO on target", [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))
+    methods.append(scores("prompt injection", [injected[s][BASE] for s in seeds], 0))
+
+    rows = report_rows(methods, config.evaluate.confidence, config.seed)
+    title = f"{config.model.name} on {config.env.name}/{config.split}: {len(seeds)} tasks, greedy"
+    notes = [
+        "Training rollouts: GRPO episodes recorded in each adapter's metrics.parquet (TRACE: all capability adapters); "
+        "identification's collected trajectories and synthesis calibration are not counted.",
+        f"Routers choose once per task from its first observation; routing from {', '.join(choices)} is scored "
+        "from the chosen option's greedy episode.",
+    ]
+    folder = run_dir / "eval"
+    write_json(folder / "report.json", {
+        "model": config.model.name, "env": config.env.name, "split": config.split, "tasks": len(seeds),
+        "confidence": config.evaluate.confidence, "methods": rows, "not_evaluated": unavailable,
+        "choices": {**choices, "oracle": oracle}, "seeds": seeds,
+    })
+    with atomic_path(folder / "report.md") as scratch:
+        Path(scratch).write_text(report_markdown(title, rows, unavailable, notes), encoding="utf-8")
+    plot_methods(rows, folder / "methods.png")
+    curves = {a.name: [(r["iteration"], r["reward_mean"]) for r in training_metrics(a.folder)] for a in adapters}
+    plot_reward_curves(curves, folder / "reward_curves.png")
+    identified = run_dir / "capabilities" / "all_capabilities.json"
+    if identified.is_file():
+        plot_cov_delta(json.loads(identified.read_text(encoding="utf-8")), config.selection.rho, config.selection.delta, folder / "cov_delta.png")
+    print_table(title, TABLE_HEADER, table_rows(rows))
+    for name, reason in unavailable.items():
+        console.print(f"not evaluated: {name}: {reason}")
+    console.print(f"report: {folder / 'report.md'}")

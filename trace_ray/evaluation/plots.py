@@ -1,0 +1,67 @@
+"""The evaluation's PNG plots: methods with intervals, training reward curves, identification's Cov vs Delta."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trace_ray.artifacts import atomic_path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path: Path) -> None:
+    figure.tight_layout()
+    with atomic_path(path) as scratch:
+        figure.savefig(scratch, format="png", dpi=100)
+    _pyplot().close(figure)
+
+
+def plot_methods(rows: list[dict], path: Path) -> None:
+    """One bar per method: mean reward, with its bootstrap interval."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
+    means = [row["mean_reward"] for row in rows]
+    errors = [[m - row["interval"][0] for m, row in zip(means, rows)], [row["interval"][1] - m for m, row in zip(means, rows)]]
+    axis.bar(range(len(rows)), means, yerr=errors, capsize=4, color="#4c72b0")
+    axis.set_xticks(range(len(rows)), [row["method"] for row in rows], rotation=30, ha="right")
+    axis.set_ylabel("mean reward (95% CI)")
+    axis.set_ylim(0, 1.02)
+    axis.grid(axis="y", alpha=0.3)
+    _save(figure, path)
+
+
+def plot_reward_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    """Each adapter's mean training reward per GRPO iteration."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    for name, points in curves.items():
+        axis.plot([i for i, _ in points], [r for _, r in points], marker="o", label=name)
+    axis.set_xlabel("GRPO iteration")
+    axis.set_ylabel("mean reward")
+    axis.set_ylim(-0.02, 1.02)
+    if curves:
+        axis.legend(fontsize=7)
+    axis.grid(alpha=0.3)
+    _save(figure, path)
+
+
+def plot_cov_delta(capabilities: list[dict], rho: float, delta: float, path: Path) -> None:
+    """Identification's capabilities by mean Cov and mean Delta, with the selection thresholds."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(5.5, 4))
+    for entry in capabilities:
+        axis.scatter(entry["mean_cov"], entry["mean_delta"], color="#dd8452" if entry.get("passes_consistency") else "#8c8c8c")
+        axis.annotate(entry["name"], (entry["mean_cov"], entry["mean_delta"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    axis.axvline(rho, linestyle="--", color="k", linewidth=0.8)
+    axis.axhline(delta, linestyle="--", color="k", linewidth=0.8)
+    axis.set_xlabel("Cov (share of failures lacking it)")
+    axis.set_ylabel("Delta (ER- minus ER+)")
+    axis.grid(alpha=0.3)
+    _save(figure, path)

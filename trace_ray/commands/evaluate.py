@@ -15,7 +15,8 @@ turn limits:
   descriptions added to the system prompt.
 
 Writes ``DIR/eval/report.json``, ``report.md`` (the table first) and PNG
-plots (methods with intervals, training reward curves, Cov vs Delta).
+plots (methods with intervals, training reward curves; identification drew
+Cov vs Delta in ``DIR/capabilities/cov_vs_delta.png``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
 from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
-from trace_ray.evaluation.plots import plot_cov_delta, plot_methods, plot_reward_curves
+from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
 from trace_ray.evaluation.report import TABLE_HEADER, MethodScores, report_markdown, report_rows, table_rows
 from trace_ray.rollout_loop import EpisodeResult
@@ -108,6 +109,7 @@ def run(config: TraceConfig) -> None:
     notes = [
         "Training rollouts: GRPO episodes recorded in each adapter's metrics.parquet (TRACE: all capability adapters); "
         "identification's collected trajectories and synthesis calibration are not counted.",
+        f"Cov vs Delta of the identified capabilities: {run_dir / 'capabilities' / 'cov_vs_delta.png'} (trace-ray identify).",
         f"Routers choose once per task from its first observation; routing from {', '.join(choices)} is scored "
         "from the chosen option's greedy episode.",
     ]
@@ -122,9 +124,6 @@ def run(config: TraceConfig) -> None:
     plot_methods(rows, folder / "methods.png")
     curves = {a.name: [(r["iteration"], r["reward_mean"]) for r in training_metrics(a.folder)] for a in adapters}
     plot_reward_curves(curves, folder / "reward_curves.png")
-    identified = run_dir / "capabilities" / "all_capabilities.json"
-    if identified.is_file():
-        plot_cov_delta(json.loads(identified.read_text(encoding="utf-8")), config.selection.rho, config.selection.delta, folder / "cov_delta.png")
     print_table(title, TABLE_HEADER, table_rows(rows))
     for name, reason in unavailable.items():
         console.print(f"not evaluated: {name}: {reason}")

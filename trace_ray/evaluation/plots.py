@@ -1,4 +1,4 @@
-"""The evaluation's PNG plots: methods with intervals, training reward curves, identification's Cov vs Delta."""
+"""The evaluation's PNG plots: methods with their intervals, and the adapters' training reward curves."""
 
 from __future__ import annotations
 
@@ -48,20 +48,5 @@ def plot_reward_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -
     axis.set_ylim(-0.02, 1.02)
     if curves:
         axis.legend(fontsize=7)
-    axis.grid(alpha=0.3)
-    _save(figure, path)
-
-
-def plot_cov_delta(capabilities: list[dict], rho: float, delta: float, path: Path) -> None:
-    """Identification's capabilities by mean Cov and mean Delta, with the selection thresholds."""
-    plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(5.5, 4))
-    for entry in capabilities:
-        axis.scatter(entry["mean_cov"], entry["mean_delta"], color="#dd8452" if entry.get("passes_consistency") else "#8c8c8c")
-        axis.annotate(entry["name"], (entry["mean_cov"], entry["mean_delta"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    axis.axvline(rho, linestyle="--", color="k", linewidth=0.8)
-    axis.axhline(delta, linestyle="--", color="k", linewidth=0.8)
-    axis.set_xlabel("Cov (share of failures lacking it)")
-    axis.set_ylabel("Delta (ER- minus ER+)")
     axis.grid(alpha=0.3)
     _save(figure, path)

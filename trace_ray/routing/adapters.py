@@ -46,3 +46,23 @@ def trained_adapters(run_dir: Path) -> list[TrainedAdapter]:
     if not adapters:
         raise TraceRayError(f"no trained capability adapter in {run_dir / 'adapters'}; run trace-ray train run_dir={run_dir} first")
     return adapters
+
+
+def served_adapters(run_dir: Path) -> list[TrainedAdapter]:
+    """Every PEFT folder of ``run_dir/adapters/`` (one with adapter_model.safetensors), for serving.
+
+    Capabilities READY in selected.json come first, in selection order, with
+    their descriptions (the routable ones); any other adapter folder follows by
+    name with no description (served only when a request names it).
+    """
+    folder = run_dir / "adapters"
+    found = sorted(path.parent.name for path in folder.glob("*/adapter_model.safetensors"))
+    selected = run_dir / "capabilities" / "selected.json"
+    try:
+        entries = json.loads(selected.read_text(encoding="utf-8")) if selected.is_file() else []
+    except json.JSONDecodeError as exc:
+        raise TraceRayError(f"{selected} is not valid JSON ({exc.msg}); fix it or rerun trace-ray identify run_dir={run_dir}") from None
+    ready = {e["name"]: e for e in entries if e.get("status") == "READY" and e.get("name") in found}
+    described = [TrainedAdapter(name, folder / name, e.get("description", ""), e.get("environment")) for name, e in ready.items()]
+    others = [TrainedAdapter(name, folder / name, "", None) for name in found if name not in ready]
+    return described + others

@@ -1,0 +1,309 @@
+"""The routed agent on Ray Serve: an OpenAI-compatible ingress -> a router -> one LLM deployment holding every adapter.
+
+- ``ChatIngress`` (FastAPI): ``POST /v1/chat/completions``, ``GET /v1/models``,
+  ``GET /healthz``. It checks the API key, the body size and the request
+  (``openai_chat.py``), turns the model name into an adapter (``<base>``: the
+  base model, ``<base>:<adapter>``: that adapter, ``<base>:auto`` or no
+  model: the router's choice) and answers in OpenAI format, naming the
+  adapter that answered in the ``adapter`` field and the
+  ``X-Trace-Ray-Adapter`` header. Streaming replies are sent as chunks once
+  the reply is generated.
+- ``ConversationRouter``: the run's router (``build_router``). It routes a
+  conversation by its first user turn, once: HTTP is stateless, so decisions
+  are kept in an LRU cache keyed by a hash of the system messages and the
+  first user message, and every later turn gets the same adapter.
+- ``ChatLLM``: the engine with the base model and every adapter of
+  ``run_dir/adapters/``. Prompts are rendered and replies parsed by the agent
+  prompt, as in collection and training, so what is served is what was trained.
+
+``build_app(config, run_dir)`` binds the three; ``app_builder(args)`` is the
+import path of a Serve config file (``serve deploy``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from starlette.exceptions import HTTPException
+
+from serve_apps.openai_chat import (
+    AUTO,
+    BASE,
+    ChatRequest,
+    RequestError,
+    chat_completion,
+    conversation_key,
+    first_observation,
+    model_ids,
+    parse_chat_request,
+    reply_message,
+    resolve_model,
+    server_sent_events,
+)
+from trace_ray.config import TraceConfig
+from trace_ray.errors import TraceRayError
+
+APP_NAME = "routed_agent"
+IMPORT_PATH = "serve_apps.routed_agent:app_builder"
+ADAPTER_HEADER = "X-Trace-Ray-Adapter"
+ADAPTER_VERSION = 1
+INGRESS_CPUS = 0.1  # the ingress only parses and forwards
+CONSTRUCTOR_RETRIES = 3  # a replica that cannot load its model fails fast instead of Serve's 20 tries
+
+api = FastAPI(title="trace-ray routed agent")
+
+
+@api.exception_handler(RequestError)
+async def _request_error(_: Request, error: RequestError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+@api.exception_handler(HTTPException)
+async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+    message = f"{request.method} {request.url.path}: {error.detail}; use POST /v1/chat/completions, GET /v1/models or GET /healthz"
+    code = "not_found" if error.status_code == 404 else None
+    return JSONResponse(RequestError(error.status_code, message, code).body(), status_code=error.status_code)
+
+
+class RouteCache:
+    """Routing decisions by conversation key, the least recently used dropped beyond ``size``."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.decisions: OrderedDict[str, str] = OrderedDict()
+
+    def get(self, key: str) -> str | None:
+        if key in self.decisions:
+            self.decisions.move_to_end(key)
+        return self.decisions.get(key)
+
+    def put(self, key: str, choice: str) -> str:
+        self.decisions[key] = choice
+        self.decisions.move_to_end(key)
+        while len(self.decisions) > self.size:
+            self.decisions.popitem(last=False)
+        return choice
+
+
+@serve.deployment(max_constructor_retry_count=CONSTRUCTOR_RETRIES)
+class ChatLLM:
+    """The base model and every adapter in one engine; each request names its adapter or none."""
+
+    def __init__(self, config: TraceConfig, adapters: list):
+        import torch
+
+        from trace_ray.agent_prompt import AgentPrompt
+        from trace_ray.engines import make_engine
+        from trace_ray.routing.adapters import read_peft_folder
+
+        torch.set_num_threads(config.serve.llm_threads or os.cpu_count() or 1)
+        self.engine = make_engine(config.model, config.engine)
+        for adapter in adapters:
+            self.engine.load_adapter(adapter.name, ADAPTER_VERSION, *read_peft_folder(adapter.folder))
+        self.prompt = AgentPrompt.for_model(config.model, self.engine.tokenizer)
+        self.max_context_tokens = config.model.max_context_tokens
+
+    async def generate(self, chat: ChatRequest, adapter: str | None) -> dict:
+        """The reply to ``chat`` from ``adapter`` (None: the base model): OpenAI message, finish reason, token counts."""
+        from trace_ray.engines import SamplingParams
+
+        prompt_ids = self.prompt.prompt_ids(chat.messages, chat.tools, [])
+        if len(prompt_ids) + chat.max_tokens > self.max_context_tokens:
+            raise RequestError(
+                400, f"the prompt is {len(prompt_ids)} tokens and max_tokens {chat.max_tokens}: over the model's context of "
+                f"{self.max_context_tokens} tokens; shorten the conversation or lower max_tokens", "context_length_exceeded",
+            )
+        params = SamplingParams(chat.temperature, chat.top_p, chat.max_tokens, chat.seed)
+        future = self.engine.submit(prompt_ids, params, (adapter, ADAPTER_VERSION) if adapter else None)
+        generation = await asyncio.wrap_future(future)
+        turn = sum(message["role"] == "assistant" for message in chat.messages)
+        text = self.engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        reply = reply_message(self.prompt.parse(generation.token_ids, turn=turn), text, bool(chat.tools))
+        return {
+            "reply": reply, "finish_reason": generation.finish_reason,
+            "prompt_tokens": len(prompt_ids), "completion_tokens": len(generation.token_ids),
+        }
+
+
+@serve.deployment(max_constructor_retry_count=CONSTRUCTOR_RETRIES)
+class ConversationRouter:
+    """The run's router, deciding each conversation's adapter once from its first user turn."""
+
+    def __init__(self, config: TraceConfig, adapters: list):
+        from trace_ray.models import load_model
+        from trace_ray.routing.routers import build_router
+
+        model, tokenizer = load_model(config.model)
+        if config.serve.router_num_gpus > 0:
+            model = model.to("cuda")
+        self.router = build_router(config, Path(config.run_dir), model, tokenizer, adapters)
+        self.decisions = RouteCache(config.serve.route_cache_size)
+
+    async def route(self, messages: list[dict]) -> str:
+        """The adapter (or ``base``) for the conversation ``messages`` belongs to."""
+        key = conversation_key(messages)
+        choice = self.decisions.get(key)
+        if choice is None:
+            decision = await asyncio.to_thread(self.router.route, first_observation(messages))
+            choice = self.decisions.put(key, decision.choice)
+        return choice
+
+
+# defined before the ingress: serve.ingress pickles the FastAPI app, and what it calls, when it decorates the class
+def too_large(size: int, limit: int) -> RequestError:
+    return RequestError(413, f"the request body is {size} bytes, over this server's limit of {limit} (serve.max_request_bytes); "
+                        "send a shorter conversation or raise the limit", "request_too_large")
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@serve.deployment
+@serve.ingress(api)
+class ChatIngress:
+    def __init__(self, config: TraceConfig, adapters: list[str], api_key_digest: str | None, llm, router):
+        self.limits = config.serve
+        self.sampling = config.model.sampling
+        self.base = config.model.name
+        self.adapters = adapters
+        self.api_key_digest = api_key_digest
+        self.llm = llm
+        self.router = router
+
+    def _authorize(self, request: Request) -> None:
+        if self.api_key_digest is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        variable = self.limits.api_key_env
+        if scheme.lower() != "bearer" or not key.strip():
+            raise RequestError(401, f"missing API key; send the header 'Authorization: Bearer <key>' with the key set in {variable} on the server",
+                               "missing_api_key", "authentication_error")
+        if not hmac.compare_digest(key_digest(key.strip()), self.api_key_digest):
+            raise RequestError(401, f"wrong API key; send the key set in {variable} on the server as 'Authorization: Bearer <key>'",
+                               "invalid_api_key", "authentication_error")
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.limits.max_request_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large(int(declared), limit)
+        body = await request.body()
+        if len(body) > limit:
+            raise too_large(len(body), limit)
+        return body
+
+    async def _route(self, messages: list[dict]) -> str:
+        if self.router is None or first_observation(messages) is None:
+            return BASE
+        return await self.router.route.remote(messages)
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict:
+        return {"status": "ok"}
+
+    @api.get("/v1/models")
+    async def models(self, request: Request) -> dict:
+        self._authorize(request)
+        ids = model_ids(self.base, self.adapters, routed=self.router is not None)
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "trace-ray"} for name in ids]}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        self._authorize(request)
+        chat = parse_chat_request(await self._body(request), self.limits, self.sampling)
+        adapter = resolve_model(chat.model, self.base, self.adapters)
+        if adapter == AUTO:
+            adapter = await self._route(chat.messages)
+        try:
+            result = await self.llm.generate.remote(chat, None if adapter == BASE else adapter)
+        except RequestError:
+            raise
+        except Exception as exc:
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise RequestError(500, f"generation failed ({first_line}); see the Serve logs and retry", "generation_failed", "server_error") from None
+        model = self.base if adapter == BASE else f"{self.base}:{adapter}"
+        completion = chat_completion(result["reply"], result["finish_reason"], model, adapter, result["prompt_tokens"], result["completion_tokens"])
+        headers = {ADAPTER_HEADER: adapter}
+        if chat.stream:
+            return StreamingResponse(iter(server_sent_events(completion)), media_type="text/event-stream", headers=headers)
+        return JSONResponse(completion, headers=headers)
+
+
+@dataclass
+class ServePlan:
+    adapters: list  # TrainedAdapter: every PEFT folder of run_dir/adapters/, the routable (described) ones first
+    router: str  # the router in use: config.router.name, or "none" when it is none or no adapter has a description
+
+    @property
+    def routable(self) -> list:
+        return [adapter for adapter in self.adapters if adapter.description]
+
+
+def serve_plan(config: TraceConfig, run_dir: Path) -> ServePlan:
+    """The adapters ``run_dir`` serves and the router in use; a missing adapters folder under a router is a one-line error."""
+    from trace_ray.routing.adapters import served_adapters
+
+    folder = run_dir / "adapters"
+    if config.router.name != "none" and not folder.is_dir():
+        raise TraceRayError(f"router={config.router.name} routes between the adapters in {folder}, which does not exist; "
+                            f"run trace-ray train run_dir={run_dir} first or serve the base model with router=none")
+    adapters = served_adapters(run_dir)
+    for adapter in adapters:
+        if adapter.name in (BASE, AUTO):
+            raise TraceRayError(f"adapter folder {adapter.folder} is named {adapter.name!r}, which model names reserve; rename the folder")
+    plan = ServePlan(adapters, config.router.name)
+    return plan if plan.routable else dataclasses.replace(plan, router="none")
+
+
+def _replicas(settings, count: int) -> dict:
+    scaling = settings.autoscaling
+    if scaling is None:
+        return {"num_replicas": count}
+    return {"autoscaling_config": dataclasses.asdict(scaling)}
+
+
+def build_app(config: TraceConfig, run_dir: Path):
+    """The routed agent as a Serve application over ``run_dir``'s adapters (``serve.run`` it)."""
+    run_dir = Path(run_dir)
+    config = dataclasses.replace(config, run_dir=str(run_dir))
+    plan = serve_plan(config, run_dir)
+    settings = config.serve
+    llm = ChatLLM.options(
+        **_replicas(settings, settings.llm_replicas), max_ongoing_requests=settings.max_ongoing_requests,
+        ray_actor_options={"num_cpus": settings.llm_num_cpus, "num_gpus": settings.llm_num_gpus},
+    ).bind(config, plan.adapters)
+    router = None
+    if plan.router != "none":
+        router = ConversationRouter.options(
+            num_replicas=settings.router_replicas, max_ongoing_requests=settings.max_ongoing_requests,
+            ray_actor_options={"num_cpus": settings.router_num_cpus, "num_gpus": settings.router_num_gpus},
+        ).bind(config, plan.routable)
+    api_key = os.environ.get(settings.api_key_env, "").strip()
+    return ChatIngress.options(
+        **_replicas(settings, settings.ingress_replicas), max_ongoing_requests=settings.max_ongoing_requests,
+        ray_actor_options={"num_cpus": INGRESS_CPUS},
+    ).bind(config, [a.name for a in plan.adapters], key_digest(api_key) if api_key else None, llm, router)
+
+
+def app_builder(args: dict):
+    """The application of a Serve config file: ``args`` holds ``run_dir`` and ``overrides`` (Hydra overrides of conf/)."""
+    from trace_ray.cli import compose_config
+
+    run_dir = args.get("run_dir")
+    if not run_dir:
+        raise TraceRayError(
+            "the Serve config's args need run_dir: <the run directory>; regenerate it with trace-ray serve run_dir=DIR serve.config_out=PATH"
+        )
+    config = compose_config("serve", [*args.get("overrides", []), f"run_dir={run_dir}"])
+    return build_app(config, Path(run_dir))

@@ -1,0 +1,285 @@
+"""The routed agent on Ray Serve over loopback HTTP: model names, adapters, routing, streaming, errors, API key, load.
+
+Two applications of ``serve_apps/routed_agent.py`` run on one Serve instance
+with the tiny random model and two trained-looking adapters (non-zero LoRA B)
+plus one adapter folder that no capability names: ``plain`` (router=none, no
+API key) and ``routed`` (router=logit over the two capabilities, API key set).
+"""
+
+import json
+import shutil
+import socket
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import yaml
+
+from serve_apps.openai_chat import (
+    BASE, RequestError, chat_completion, completion_chunks, conversation_key, reply_message, resolve_model, server_sent_events,
+)
+from serve_apps.routed_agent import ADAPTER_HEADER, RouteCache, app_builder, build_app
+from trace_ray.cli import compose_config, main
+from trace_ray.training.lora_model import export_adapter, trainable_model
+
+CAPABILITIES = ["tool_calling_precision", "datetime_reasoning"]
+EXTRA = "extra_adapter"  # a PEFT folder no capability names: served when forced, never routed
+KEY = "test-key-123"
+TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
+HELLO = [{"role": "system", "content": "You control a phone."}, {"role": "user", "content": "Turn on wifi please"}]
+
+
+def write_run(run_dir: Path) -> None:
+    """Two READY capabilities (description, template environment spec, exported non-zero adapter) and one extra adapter."""
+    config = compose_config("train", TINY)
+    (run_dir / "capabilities").mkdir(parents=True)
+    entries = [{"name": n, "description": f"the {n} skill", "status": "READY", "environment": f"synthetic/{n}"} for n in CAPABILITIES]
+    (run_dir / "capabilities" / "selected.json").write_text(json.dumps(entries))
+    for seed, name in enumerate(CAPABILITIES):
+        folder = run_dir / "environments" / name
+        folder.mkdir(parents=True)
+        (folder / "spec.json").write_text(json.dumps({"capability": name, "target": "device", "source": "templates", "difficulty": 1}))
+        policy, _ = trainable_model(config.model, config.lora, seed=seed)
+        with torch.no_grad():
+            for parameter_name, parameter in policy.named_parameters():
+                if "lora_B" in parameter_name:
+                    parameter.normal_(0, 0.5)
+        export_adapter(policy, run_dir / "adapters" / name)
+    shutil.copytree(run_dir / "adapters" / CAPABILITIES[1], run_dir / "adapters" / EXTRA)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def servers(ray_session, tmp_path_factory):
+    """{"plain": base URL, "routed": base URL} of the two running applications."""
+    from ray import serve
+
+    run_dir = tmp_path_factory.mktemp("serve_run")
+    write_run(run_dir)
+    port = free_port()
+    settings = [*TINY, f"run_dir={run_dir}", f"serve.port={port}", "serve.llm_threads=1", "serve.max_request_bytes=4096",
+                "model.max_context_tokens=1024"]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("TRACE_RAY_API_KEY", KEY)  # read when the app is built
+            routed = build_app(compose_config("serve", [*settings, "router=logit"]), run_dir)
+        serve.run(routed, name="routed", route_prefix="/routed", blocking=False)
+        plain = build_app(compose_config("serve", [*settings, "router=none"]), run_dir)
+        serve.run(plain, name="plain", route_prefix="/plain", blocking=False)
+        yield {name: f"http://127.0.0.1:{port}/{name}" for name in ("plain", "routed")}
+    finally:
+        serve.shutdown()
+
+
+def chat(url: str, **body) -> httpx.Response:
+    headers = body.pop("headers", {})
+    return httpx.post(f"{url}/v1/chat/completions", json={"messages": HELLO, **body}, headers=headers, timeout=60)
+
+
+def test_models_list_the_base_every_adapter_and_auto_when_routed(servers):
+    plain = httpx.get(f"{servers['plain']}/v1/models", timeout=30)
+    assert plain.status_code == 200
+    ids = [entry["id"] for entry in plain.json()["data"]]
+    assert ids == ["tiny_random", *(f"tiny_random:{name}" for name in [*CAPABILITIES, EXTRA])]
+    routed = httpx.get(f"{servers['routed']}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert [entry["id"] for entry in routed.json()["data"]] == [*ids, "tiny_random:auto"]
+
+
+def test_forced_adapters_answer_and_change_the_output(servers):
+    answers = {}
+    for model in ["tiny_random", *(f"tiny_random:{name}" for name in [*CAPABILITIES, EXTRA])]:
+        response = chat(servers["plain"], model=model, temperature=0, max_tokens=12)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        adapter = model.partition(":")[2] or BASE
+        assert body["adapter"] == response.headers[ADAPTER_HEADER] == adapter and body["model"] == model
+        assert body["usage"]["completion_tokens"] >= 1
+        answers[adapter] = body["choices"][0]["message"]["content"]
+    assert all(answers[name] != answers[BASE] for name in CAPABILITIES)
+    assert answers[EXTRA] == answers[CAPABILITIES[1]]  # the same weights in another folder
+    again = chat(servers["plain"], model="tiny_random", temperature=0, max_tokens=12).json()
+    assert again["choices"][0]["message"]["content"] == answers[BASE]  # greedy: deterministic
+    unrouted = chat(servers["plain"], temperature=0, max_tokens=12)  # router=none: no model routes to the base
+    assert unrouted.headers[ADAPTER_HEADER] == BASE and unrouted.json()["choices"][0]["message"]["content"] == answers[BASE]
+
+
+def test_routing_picks_an_option_and_keeps_it_for_the_conversation(servers):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    first = chat(servers["routed"], model="tiny_random:auto", temperature=0, max_tokens=4, headers=auth)
+    assert first.status_code == 200, first.text
+    chosen = first.json()["adapter"]
+    assert chosen in [*CAPABILITIES, BASE] and first.headers[ADAPTER_HEADER] == chosen
+    later_turn = [*HELLO, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And bluetooth?"}]
+    for messages in (HELLO, later_turn):
+        again = httpx.post(f"{servers['routed']}/v1/chat/completions", json={"messages": messages, "max_tokens": 4}, headers=auth, timeout=60)
+        assert again.status_code == 200 and again.json()["adapter"] == chosen
+
+
+def test_streaming_sends_chunks_whose_content_equals_the_full_reply(servers):
+    full = chat(servers["plain"], model=f"tiny_random:{CAPABILITIES[0]}", temperature=0, max_tokens=16).json()
+    with httpx.stream("POST", f"{servers['plain']}/v1/chat/completions", timeout=60, json={
+        "model": f"tiny_random:{CAPABILITIES[0]}", "messages": HELLO, "temperature": 0, "max_tokens": 16, "stream": True,
+    }) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers[ADAPTER_HEADER] == CAPABILITIES[0]
+        events = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: "):]) for line in events[:-1]]
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"} and len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    content = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
+    assert content == full["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b"{not json", 400, "not valid JSON"),
+    (b'{"model": "tiny_random"}', 400, "messages is missing"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}', 404, "unknown model 'gpt-4'"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "tiny_random:nope"}', 404, "tiny_random:tool_calling_precision"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "send n=1"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}', 400, "serve.max_tokens_limit"),
+    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "is not one of system, user"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400, "temperature='hot'"),
+    (b'{"messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}', 413, "serve.max_request_bytes"),
+])
+def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(servers, body, status, words):
+    response = httpx.post(f"{servers['plain']}/v1/chat/completions", content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert words in error["message"] and "; " in error["message"] and error["type"] == "invalid_request_error"
+    assert chat(servers["plain"], max_tokens=2).status_code == 200
+
+
+def test_unknown_paths_and_context_overflow_are_refused_in_openai_format(servers):
+    missing = httpx.get(f"{servers['plain']}/v1/nothing", timeout=30)
+    assert missing.status_code == 404 and "POST /v1/chat/completions" in missing.json()["error"]["message"]
+    overflow = chat(servers["plain"], max_tokens=1000)  # the prompt plus 1000 tokens exceed the test's 1024-token context
+    assert overflow.status_code == 400 and overflow.json()["error"]["code"] == "context_length_exceeded"
+    assert "lower max_tokens" in overflow.json()["error"]["message"]
+    assert chat(servers["plain"], max_tokens=2).status_code == 200
+
+
+def test_api_key_is_required_when_set(servers):
+    url = servers["routed"]
+    assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+    missing = chat(url, model="tiny_random", max_tokens=2)
+    assert missing.status_code == 401 and "Authorization: Bearer" in missing.json()["error"]["message"]
+    assert missing.json()["error"]["type"] == "authentication_error"
+    wrong = chat(url, model="tiny_random", max_tokens=2, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and "wrong API key" in wrong.json()["error"]["message"]
+    assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401
+    assert chat(url, model="tiny_random", max_tokens=2, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_concurrent_load_has_no_errors(servers):
+    url, clients, per_client = servers["plain"], 8, 20
+    models = ["tiny_random", *(f"tiny_random:{name}" for name in CAPABILITIES)]
+
+    def client(index: int) -> list[float]:
+        latencies = []
+        with httpx.Client(timeout=60) as session:
+            for number in range(per_client):
+                start = time.perf_counter()
+                response = session.post(f"{url}/v1/chat/completions", json={
+                    "model": models[(index + number) % len(models)], "messages": HELLO, "max_tokens": 4, "seed": number,
+                })
+                assert response.status_code == 200, response.text
+                latencies.append(time.perf_counter() - start)
+        return latencies
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        latencies = sorted(value for values in pool.map(client, range(clients)) for value in values)
+    seconds = time.perf_counter() - start
+    assert len(latencies) == clients * per_client
+    p50, p95 = statistics.median(latencies), latencies[int(0.95 * len(latencies)) - 1]
+    print(f"\nload: {clients} clients x {per_client} requests, max_tokens 4: p50 {p50 * 1000:.0f} ms, "
+          f"p95 {p95 * 1000:.0f} ms, {len(latencies) / seconds:.1f} requests/s")
+
+
+# -- without Serve ----------------------------------------------------------------------------
+def test_tool_calls_come_back_in_openai_format():
+    parsed = {"role": "assistant", "content": None, "raw_text": "<tool_call>...</tool_call>", "tool_calls": [
+        {"id": "call_1_0", "type": "function", "function": {"name": "set_wifi_status", "arguments": '{"on": true}'}},
+    ]}
+    reply = reply_message(parsed, '<tool_call>{"name": "set_wifi_status", "arguments": {"on": true}}</tool_call>', tools_offered=True)
+    assert reply == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1_0", "type": "function", "function": {"name": "set_wifi_status", "arguments": '{"on": true}'}},
+    ]}
+    completion = chat_completion(reply, "stop", "tiny_random:x", "x", 10, 5)
+    assert completion["choices"][0]["finish_reason"] == "tool_calls" and completion["usage"]["total_tokens"] == 15
+    chunks = completion_chunks(completion)
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
+    assert calls == [{"index": 0, **reply["tool_calls"][0]}] and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert server_sent_events(completion)[-1] == "data: [DONE]\n\n"
+    unreadable = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "", "arguments": "{"}}]}
+    assert reply_message(unreadable, " <tool_call>{ ", tools_offered=True) == {"role": "assistant", "content": "<tool_call>{"}
+    assert reply_message(parsed, "text", tools_offered=False) == {"role": "assistant", "content": "text"}
+
+
+def test_model_names_route_cache_and_conversation_keys():
+    adapters = ["a", "b"]
+    assert resolve_model(None, "m", adapters) == resolve_model("m:auto", "m", adapters) == "auto"
+    assert resolve_model("m", "m", adapters) == BASE and resolve_model("m:b", "m", adapters) == "b"
+    with pytest.raises(RequestError, match="unknown model 'm:c'; send one of: m, m:a, m:b, m:auto"):
+        resolve_model("m:c", "m", adapters)
+    later = [*HELLO, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    assert conversation_key(HELLO) == conversation_key(later) != conversation_key(HELLO[1:])
+    cache = RouteCache(2)
+    cache.put("x", "a"), cache.put("y", "b")
+    assert cache.get("x") == "a"  # x is now the most recent
+    cache.put("z", "base")
+    assert cache.get("y") is None and cache.get("x") == "a" and cache.get("z") == "base"
+
+
+def test_config_out_writes_a_serve_config_that_recomposes_the_same_config(tmp_path):
+    out = tmp_path / "serve.yaml"
+    overrides = [*TINY, "router=none", "serve.port=9123", "model.sampling.max_new_tokens=7",
+                 "serve.autoscaling={min_replicas: 1, max_replicas: 3, target_ongoing_requests: 4}", f"run_dir={tmp_path}"]
+    assert main(["serve", *overrides, f"serve.config_out={out}"]) == 0
+    document = yaml.safe_load(out.read_text())
+    assert document["http_options"] == {"host": "127.0.0.1", "port": 9123}
+    [application] = document["applications"]
+    assert application["import_path"] == "serve_apps.routed_agent:app_builder" and application["route_prefix"] == "/"
+    args = application["args"]
+    assert args["run_dir"] == str(tmp_path) and "model=tiny_random" in args["overrides"]
+    recomposed = compose_config("serve", [*args["overrides"], f"run_dir={args['run_dir']}"])
+    assert recomposed == compose_config("serve", overrides)
+    assert type(app_builder(args)).__name__ == "Application"
+
+
+def test_bad_serve_inputs_are_one_line_errors(tmp_path, capsys):
+    assert main(["serve", *TINY, f"run_dir={tmp_path}", "router=logit"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "adapters" in error and "router=none" in error
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert main(["serve", *TINY, f"run_dir={tmp_path}", "router=none", f"serve.port={port}"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "serve.port" in error and str(port) in error
+    assert main(["serve", *TINY, "serve.max_tokens_limit=8", "serve.default_max_tokens=16"]) == 1
+    assert "serve.default_max_tokens (16) exceeds serve.max_tokens_limit (8)" in capsys.readouterr().err
+
+
+def test_a_replica_that_fails_to_start_is_reported_in_one_line():
+    from trace_ray.commands.serve import deployment_error
+
+    failure = RuntimeError("Deploying application routed_agent failed:\nTraceback (most recent call last):\n  File ...\n"
+                           "trace_ray.errors.TraceRayError: no synthetic environment for capability 'x'; run trace-ray synthesize first\n")
+    assert str(deployment_error(failure)) == (
+        "the routed agent failed to start: no synthetic environment for capability 'x'; run trace-ray synthesize first"
+    )
+    assert "see the Serve logs" in str(deployment_error(RuntimeError("Deploying failed:\nActorDiedError: out of memory")))

@@ -40,8 +40,7 @@ $(BENCH_STAMP): requirements/bench-constraints.txt | $(STAMP)
 install-bench: $(BENCH_STAMP)
 
 demo: install
-	$(VENV)/bin/trace-ray check-env env=device
-	$(VENV)/bin/trace-ray score env=device model=smollm2_135m split=eval
+	$(VENV)/bin/trace-ray pipeline run_dir=runs/demo model=smollm2_135m env=device budget=demo
 
 test: install
 	$(PY) -m pytest -q

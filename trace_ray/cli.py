@@ -30,6 +30,7 @@ COMMANDS = {
     "train": "trace_ray.commands.train",
     "route": "trace_ray.commands.route",
     "evaluate": "trace_ray.commands.evaluate",
+    "pipeline": "trace_ray.commands.pipeline",
     "serve": "trace_ray.commands.serve",
 }
 FLAGS = {"-m", "--multirun", "--cfg", "-h", "--help"}

@@ -238,6 +238,14 @@ class MoEConfig:
 
 
 @dataclass
+class PipelineConfig:
+    stages: Optional[list[str]] = None  # run only these stages (null: all)
+    collect_limit: Optional[int] = None  # analysis tasks collected (null: the whole split)
+    eval_limit: Optional[int] = None  # eval tasks routed and evaluated (null: the whole split)
+    max_capabilities: Optional[int] = None  # synthesize and train only the most covered ones (null: every selected one)
+
+
+@dataclass
 class EvaluateConfig:
     grpo_baseline: str = MISSING  # the adapter trained on the target itself (train_on=env adapter=NAME)
     confidence: float = MISSING  # of the bootstrap intervals
@@ -307,6 +315,7 @@ class TraceConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     train_on: str = MISSING  # capabilities | env
     capability: Optional[str] = None
@@ -384,6 +393,9 @@ def validate(config: TraceConfig) -> TraceConfig:
     _validate_router(config.router)
     _require(0 < config.evaluate.confidence < 1, f"evaluate.confidence must be in (0, 1), got {config.evaluate.confidence}")
     _require(bool(config.evaluate.grpo_baseline), "evaluate.grpo_baseline must name an adapter folder, e.g. grpo_on_target")
+    for key in ("collect_limit", "eval_limit", "max_capabilities"):
+        value = getattr(config.pipeline, key)
+        _require(value is None or value >= 1, f"pipeline.{key} must be >= 1 or null, got {value}")
     _validate_serve(config.serve)
     _require(config.train_on in ("capabilities", "env"), f"train_on={config.train_on!r} is not one of capabilities, env")
     from trace_ray.capabilities.aggregation import SelectionSettings

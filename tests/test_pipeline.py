@@ -1,0 +1,124 @@
+"""``trace-ray pipeline``: every stage on the tiny model with a minimal budget, the manifest, skips, resume, bad inputs."""
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_identify import device_episode
+from trace_ray.cli import compose_config, main
+from trace_ray.commands import collect
+from trace_ray.run_manifest import MANIFEST
+from trace_ray.trajectory_store import TrajectoryStore
+
+MINIMAL = [
+    "model=tiny_random", "lora.rank=4", "lora.alpha=8", "model.sampling.max_new_tokens=6",
+    "samples_per_task=2", "pipeline.collect_limit=8", "pipeline.eval_limit=2", "pipeline.max_capabilities=1",
+    "labeler.runs=3", "selection.k=3", "synthesis.self_check_seeds=2",
+    "calibration.group_size=2", "calibration.num_seeds=2", "calibration.max_rounds=1", "calibration.pass_at=[1,2]",
+    "grpo.iterations=1", "grpo.group_size=2", "grpo.groups_per_batch=1", "grpo.max_resample_batches=0",
+    "grpo.mini_batch_size=2", "grpo.micro_batch_size=2", "trainer.cpus_per_worker=0.5", "router.train_limit=2",
+]
+
+
+def seed_collection(run_dir, overrides=()):
+    """The collect stage's episodes, already on disk: per analysis task the oracle's (a success) and a
+    do-nothing reply (a failure), since the tiny random model never succeeds and identification needs both."""
+    config = compose_config("pipeline", [f"run_dir={run_dir}", *MINIMAL, *overrides])
+    config = dataclasses.replace(config, split="analysis")
+    manifest = collect.collection_manifest(config)
+    from environments.device.environment import DeviceEnvironment
+
+    rows = []
+    for seed in DeviceEnvironment().task_seeds("analysis")[:8]:
+        for sample, follow_oracle in ((0, True), (1, False)):
+            messages, step = device_episode(seed, follow_oracle)
+            rows.append({
+                "task_id": f"device-{seed}", "family": step.info["family"], "split": "analysis", "seed": seed,
+                "sample_index": sample, "env": "device", "model": "tiny_random", "adapter_name": None, "adapter_version": None,
+                "messages": json.dumps(messages), "tools": "[]", "tool_calls": [], "token_ids": [1], "action_mask": [0],
+                "logprobs": [0.0], "reward": step.reward, "success": step.info["success"], "reward_info": json.dumps(step.info),
+                "termination": "agent_reply", "turns": 1, "generated_tokens": 0, "seconds": 0.1, "finished_at": 0.0,
+            })
+    TrajectoryStore(run_dir, manifest).write_shard(rows)
+
+
+def stages_of(run_dir):
+    return json.loads((run_dir / MANIFEST).read_text())["stages"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, ray_session):
+    """One pipeline run of every stage (shared: it is the slow part)."""
+    run_dir = tmp_path_factory.mktemp("pipeline")
+    seed_collection(run_dir)
+    assert main(["pipeline", f"run_dir={run_dir}", *MINIMAL]) == 0
+    return run_dir
+
+
+def test_every_stage_runs_once_and_a_rerun_skips_them_all(finished_run, capsys):
+    run_dir = finished_run
+    stages = stages_of(run_dir)
+    assert sorted(stages) == sorted(["collect", "identify", "synthesize", "train", "baseline", "route", "evaluate"])
+    for entry in stages.values():
+        assert entry["status"] == "done" and entry["versions"]["torch"] and entry["started"] <= entry["ended"] and entry["outputs"]
+    assert stages["train"]["config"]["grpo"]["iterations"] == 1 and stages["collect"]["config"]["pipeline.collect_limit"] == 8
+    [trained] = [p.name for p in (run_dir / "adapters").iterdir() if p.name != "grpo_on_target"]  # max_capabilities=1
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    methods = {row["method"]: row for row in report["methods"]}
+    assert {"base", f"adapter:{trained}", "TRACE (logit)", "oracle router", "GRPO on target", "prompt injection"} <= set(methods)
+    assert methods["GRPO on target"]["rollouts"] == methods["TRACE (logit)"]["rollouts"] == 2  # the same training budget
+    assert report["tasks"] == 2
+    capsys.readouterr()
+    before = (run_dir / MANIFEST).read_text()
+    assert main(["pipeline", f"run_dir={run_dir}", *MINIMAL]) == 0
+    assert capsys.readouterr().out.count("up to date, skipped") == 7 and (run_dir / MANIFEST).read_text() == before
+    # a downstream setting reruns only what depends on it
+    assert main(["pipeline", f"run_dir={run_dir}", *MINIMAL, "evaluate.confidence=0.9"]) == 0
+    after = stages_of(run_dir)
+    assert [name for name in after if after[name]["started"] != json.loads(before)["stages"][name]["started"]] == ["evaluate"]
+
+
+def test_an_interrupted_training_stage_resumes_from_its_checkpoint(finished_run, tmp_path):
+    import pyarrow.parquet as pq
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    # as if a run with grpo.iterations=2 had been killed after its first iteration's checkpoint
+    manifest = json.loads((run_dir / MANIFEST).read_text())
+    manifest["stages"]["train"]["status"] = "running"
+    (run_dir / MANIFEST).write_text(json.dumps(manifest))
+    assert main(["pipeline", f"run_dir={run_dir}", *MINIMAL, "grpo.iterations=2", "pipeline.stages=[train]"]) == 0
+    [name] = [p.name for p in (run_dir / "adapters").iterdir() if p.name != "grpo_on_target"]
+    history = pq.read_table(run_dir / "adapters" / name / "metrics.parquet").to_pylist()
+    assert [row["iteration"] for row in history] == [1, 2]  # iteration 1 from the checkpoint, 2 run now
+    assert history[0]["started_at"] == pq.read_table(finished_run / "adapters" / name / "metrics.parquet").to_pylist()[0]["started_at"]
+    assert stages_of(run_dir)["train"]["status"] == "done"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model=smollm2_135m"], "was produced with model=tiny_random, not model=smollm2_135m"),
+        (["pipeline.stages=[route]"], "stage route needs baseline done first"),
+        (["pipeline.stages=[deploy]"], "pipeline.stages names ['deploy']"),
+    ],
+)
+def test_bad_inputs_are_one_line_errors_and_overwrite_nothing(tmp_path, capsys, overrides, message):
+    (tmp_path / MANIFEST).write_text(json.dumps({"model": "tiny_random", "env": "device", "stages": {}}))
+    before = (tmp_path / MANIFEST).read_text()
+    assert main(["pipeline", f"run_dir={tmp_path}", *MINIMAL, *overrides]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert (tmp_path / MANIFEST).read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST]
+
+
+def test_an_unreachable_cluster_is_a_one_line_error(tmp_path):
+    command = [sys.executable, "-m", "trace_ray.cli", "pipeline", f"run_dir={tmp_path}", *MINIMAL, "ray.address=127.0.0.1:1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)  # a fresh process: no Ray running yet
+    assert done.returncode == 1
+    assert "cannot reach a Ray cluster at 127.0.0.1:1" in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "trajectories").exists()

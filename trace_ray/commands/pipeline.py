@@ -1,0 +1,248 @@
+"""``trace-ray pipeline run_dir=DIR``: TRACE end to end, each stage recorded in ``DIR/manifest.json``.
+
+Stages, in order: ``collect`` (the target's analysis split) -> ``identify`` ->
+``synthesize`` -> ``train`` (one adapter per READY capability) ->
+``baseline`` (GRPO on the target itself with the rollouts TRACE's training
+spent) -> ``route`` -> ``evaluate`` (the held-out eval split). A stage whose
+fingerprint (its config keys and everything upstream) matches a finished run
+is skipped; a stage left running by an interrupted run resumes;
+``pipeline.stages=[...]`` runs a subset (their upstream stages must be
+done). ``budget=demo|small|paper`` scales tasks, samples, group sizes and
+iterations together.
+
+``-m`` sweeps run each combination in its own run directory under DIR
+(``DIR/<key=value,...>``) and copy, instead of rerunning, every stage whose
+fingerprint a finished combination already has; ``DIR/sweep_summary.md``
+compares the combinations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from trace_ray.artifacts import atomic_path
+from trace_ray.config import TraceConfig
+from trace_ray.console import console, print_table
+from trace_ray.errors import TraceRayError
+from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
+
+HELP = "run TRACE end to end (collect, identify, synthesize, train, baseline, route, evaluate) with a manifest; reruns skip finished stages"
+
+
+def ready_capabilities(run_dir: Path) -> list[str]:
+    path = run_dir / "capabilities" / "selected.json"
+    entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    return [entry["name"] for entry in entries if entry.get("status") == "READY"]
+
+
+def top_capabilities(run_dir: Path, count: int | None) -> list[str] | None:
+    """The ``count`` selected capabilities with the highest coverage (None: all)."""
+    if count is None:
+        return None
+    entries = json.loads((run_dir / "capabilities" / "selected.json").read_text(encoding="utf-8"))
+    return [entry["name"] for entry in sorted(entries, key=lambda e: -e.get("mean_cov", 0.0))[:count]]
+
+
+def training_rollouts(folder: Path) -> int:
+    import pyarrow.parquet as pq
+
+    path = folder / "metrics.parquet"
+    return sum(pq.read_table(path, columns=["rollouts"]).column("rollouts").to_pylist()) if path.is_file() else 0
+
+
+def matched_iterations(config: TraceConfig, run_dir: Path) -> int:
+    """GRPO iterations on the target that spend as many rollouts as TRACE's capability adapters did."""
+    spent = sum(training_rollouts(run_dir / "adapters" / name) for name in ready_capabilities(run_dir))
+    return max(1, math.ceil(spent / (config.grpo.group_size * config.grpo.groups_per_batch)))
+
+
+def _replace(config: TraceConfig, **sections) -> TraceConfig:
+    """``config`` with fields replaced; ``section__key=value`` replaces a key of a nested section."""
+    nested: dict[str, dict] = {}
+    top = {}
+    for key, value in sections.items():
+        if "__" in key:
+            section, field = key.split("__", 1)
+            nested.setdefault(section, {})[field] = value
+        else:
+            top[key] = value
+    for section, fields in nested.items():
+        top[section] = dataclasses.replace(getattr(config, section), **fields)
+    return dataclasses.replace(config, **top)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    command: str  # the trace_ray.commands module that does the work
+    keys: tuple[str, ...]  # config keys its result depends on (besides everything upstream)
+    configure: Callable[[TraceConfig, Path], TraceConfig]
+    outputs: Callable[[TraceConfig, Path], list[str]]  # what it writes, relative to the run directory
+
+
+STAGES = [
+    Stage(
+        "collect", "collect",
+        ("model.name", "model.sampling", "env", "samples_per_task", "temperature", "top_p", "seed", "rollout.max_episode_tokens", "pipeline.collect_limit"),
+        lambda c, d: _replace(c, split="analysis", limit=c.pipeline.collect_limit),
+        lambda c, d: ["trajectories"],
+    ),
+    Stage(
+        "identify", "identify", ("labeler", "selection"),
+        lambda c, d: c,
+        lambda c, d: ["capabilities/all_capabilities.json"],
+    ),
+    Stage(
+        "synthesize", "synthesize", ("synthesis", "calibration", "pipeline.max_capabilities"),
+        lambda c, d: _replace(c, synthesis__capabilities=top_capabilities(d, c.pipeline.max_capabilities)),
+        lambda c, d: ["environments", "capabilities/selected.json"],
+    ),
+    Stage(
+        "train", "train", ("grpo", "lora"),
+        lambda c, d: _replace(c, train_on="capabilities", capability=None, adapter=None),
+        lambda c, d: [f"adapters/{name}" for name in ready_capabilities(d)],
+    ),
+    Stage(
+        "baseline", "train", ("grpo", "lora", "evaluate.grpo_baseline"),
+        lambda c, d: _replace(c, train_on="env", capability=None, adapter=c.evaluate.grpo_baseline, grpo__iterations=matched_iterations(c, d)),
+        lambda c, d: [f"adapters/{c.evaluate.grpo_baseline}"],
+    ),
+    Stage(
+        "route", "route", ("router", "pipeline.eval_limit"),
+        lambda c, d: _replace(c, split="eval", limit=c.pipeline.eval_limit),
+        lambda c, d: ["router"],
+    ),
+    Stage(
+        "evaluate", "evaluate", ("evaluate", "pipeline.eval_limit"),
+        lambda c, d: _replace(c, split="eval", limit=c.pipeline.eval_limit),
+        lambda c, d: ["eval"],
+    ),
+]
+STAGE_NAMES = [stage.name for stage in STAGES]
+
+
+def selected_stages(config: TraceConfig) -> list[Stage]:
+    wanted = config.pipeline.stages or STAGE_NAMES
+    unknown = sorted(set(wanted) - set(STAGE_NAMES))
+    if unknown:
+        raise TraceRayError(f"pipeline.stages names {unknown}; choose among {STAGE_NAMES}")
+    return [stage for stage in STAGES if stage.name in wanted]
+
+
+def fingerprint(config: TraceConfig, stage: Stage, manifest: RunManifest) -> str:
+    index = STAGE_NAMES.index(stage.name)
+    upstream = manifest.entry(STAGE_NAMES[index - 1]) if index else {}
+    return digest([config_values(config, list(stage.keys)), upstream.get("fingerprint"), upstream.get("outputs")])
+
+
+def reuse(stage: Stage, stage_fingerprint: str, sources: list[Path], run_dir: Path, config: TraceConfig) -> dict | None:
+    """Copy a finished stage with the same fingerprint from another run directory of the sweep; its manifest entry."""
+    for source in sources:
+        path = source / "manifest.json"
+        if not path.is_file():
+            continue
+        entry = json.loads(path.read_text(encoding="utf-8"))["stages"].get(stage.name, {})
+        if entry.get("status") == "done" and entry.get("fingerprint") == stage_fingerprint:
+            for relative in stage.outputs(config, source):
+                origin, target = source / relative, run_dir / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if origin.is_dir():
+                    shutil.copytree(origin, target, dirs_exist_ok=True)
+                elif origin.is_file():
+                    shutil.copy2(origin, target)
+            return {**entry, "reused_from": str(source)}
+    return None
+
+
+def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
+    run_dir = Path(config.run_dir)
+    stages = selected_stages(config)
+    manifest = RunManifest(run_dir, {"model": config.model.name, "env": config.env.name})
+    for stage in stages:
+        index = STAGE_NAMES.index(stage.name)
+        if index and manifest.entry(STAGE_NAMES[index - 1]).get("status") != "done" and STAGES[index - 1] not in stages:
+            raise TraceRayError(f"stage {stage.name} needs {STAGE_NAMES[index - 1]} done first; add it to pipeline.stages")
+        stage_fingerprint = fingerprint(config, stage, manifest)
+        if manifest.is_current(stage.name, stage_fingerprint):
+            console.print(f"[dim]{stage.name}: up to date, skipped[/dim]")
+            continue
+        copied = reuse(stage, stage_fingerprint, list(reuse_from), run_dir, config)
+        if copied:
+            manifest.data["stages"][stage.name] = copied
+            manifest.save()
+            console.print(f"{stage.name}: reused from {copied['reused_from']}")
+            continue
+        resumed = manifest.entry(stage.name).get("status") == "running"
+        console.rule(f"{stage.name}{' (resuming an interrupted run)' if resumed else ''}")
+        stage_config = stage.configure(config, run_dir)
+        manifest.start(stage.name, stage_fingerprint, config_values(stage_config, list(stage.keys)))
+        try:
+            importlib.import_module(f"trace_ray.commands.{stage.command}").run(stage_config)
+        except TraceRayError as exc:
+            manifest.fail(stage.name, str(exc))
+            raise TraceRayError(f"pipeline stage {stage.name} failed: {exc}") from None
+        except BaseException as exc:  # interrupted or crashed: the stage stays "running" and resumes next time
+            if not isinstance(exc, KeyboardInterrupt):
+                manifest.fail(stage.name, f"{type(exc).__name__}: {exc}")
+            raise
+        manifest.finish(stage.name, tree_hash(run_dir, stage.outputs(config, run_dir)))
+    console.print(f"manifest: {manifest.path}")
+
+
+def run(config: TraceConfig) -> None:
+    run_pipeline(config)
+
+
+def job_name(config: TraceConfig, others: list[TraceConfig]) -> str:
+    """``key=value,...`` of the keys in which this sweep job differs from the others."""
+    from omegaconf import OmegaConf
+
+    def flat(c: TraceConfig) -> dict:
+        return dict(_flatten(OmegaConf.to_container(OmegaConf.structured(c))))
+
+    mine, theirs = flat(config), [flat(other) for other in others]
+    keys = sorted(key for key in mine if key not in ("command",) and any(other.get(key) != mine[key] for other in theirs))
+    return ",".join(f"{key}={mine[key]}" for key in keys) or "default"
+
+
+def _flatten(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", json.dumps(value) if isinstance(value, list) else value
+
+
+def run_sweep(configs: list[TraceConfig]) -> None:
+    """Each combination in ``run_dir/<key=value,...>``; stages an earlier combination finished are copied."""
+    root = Path(configs[0].run_dir)
+    finished: list[Path] = []
+    rows = []
+    for config in configs:
+        name = job_name(config, configs)
+        run_dir = root / name
+        console.rule(f"[bold]sweep job {name}[/bold]")
+        run_pipeline(dataclasses.replace(config, run_dir=str(run_dir)), reuse_from=finished)
+        finished.append(run_dir)
+        rows.append((name, *sweep_figures(run_dir)))
+    header = ["job", "base", "TRACE (logit)", "oracle router", "GRPO on target"]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|", *("| " + " | ".join(row) + " |" for row in rows)]
+    with atomic_path(root / "sweep_summary.md") as scratch:
+        Path(scratch).write_text("# Sweep: mean reward on the held-out split\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    print_table(f"sweep: mean reward on the held-out split ({root / 'sweep_summary.md'})", header, rows)
+
+
+def sweep_figures(run_dir: Path) -> tuple[str, ...]:
+    path = run_dir / "eval" / "report.json"
+    methods = {row["method"]: row for row in json.loads(path.read_text(encoding="utf-8"))["methods"]} if path.is_file() else {}
+    return tuple(
+        f"{methods[name]['mean_reward']:.3f}" if name in methods else "-"
+        for name in ("base", "TRACE (logit)", "oracle router", "GRPO on target")
+    )

@@ -27,7 +27,7 @@ MINIMAL = [
 def seed_collection(run_dir, overrides=()):
     """The collect stage's episodes, already on disk: per analysis task the oracle's (a success) and a
     do-nothing reply (a failure), since the tiny random model never succeeds and identification needs both."""
-    config = compose_config("pipeline", [f"run_dir={run_dir}", *MINIMAL, *overrides])
+    config = compose_config("pipeline", [*MINIMAL, *overrides])
     config = dataclasses.replace(config, split="analysis")
     manifest = collect.collection_manifest(config)
     from environments.device.environment import DeviceEnvironment
@@ -122,3 +122,17 @@ def test_an_unreachable_cluster_is_a_one_line_error(tmp_path):
     assert done.returncode == 1
     assert "cannot reach a Ray cluster at 127.0.0.1:1" in done.stderr and done.stderr.count("\n") == 1
     assert not (tmp_path / "trajectories").exists()
+
+
+def test_a_sweep_runs_each_combination_in_its_own_directory_and_reuses_shared_stages(tmp_path, capsys):
+    stages = "pipeline.stages=[collect,identify]"
+    seed_collection(tmp_path / "selection.rho-0.05")  # the first combination's collection (the tiny model never succeeds)
+    assert main(["pipeline", "-m", f"run_dir={tmp_path}", *MINIMAL, stages, "selection.rho=0.05,0.5"]) == 0
+    first, second = stages_of(tmp_path / "selection.rho-0.05"), stages_of(tmp_path / "selection.rho-0.5")
+    assert "reused_from" not in first["collect"] and second["collect"]["reused_from"] == str(tmp_path / "selection.rho-0.05")
+    assert second["collect"]["outputs"] == first["collect"]["outputs"]  # the same trajectories, copied
+    assert "reused_from" not in second["identify"] and second["identify"]["config"]["selection"]["rho"] == 0.5
+    selected = [json.loads((tmp_path / name / "capabilities" / "selected.json").read_text()) for name in ("selection.rho-0.05", "selection.rho-0.5")]
+    assert len(selected[1]) < len(selected[0])  # a higher coverage threshold keeps fewer capabilities
+    summary = (tmp_path / "sweep_summary.md").read_text()
+    assert "| selection.rho-0.05 |" in summary and "| selection.rho-0.5 |" in summary

@@ -11,7 +11,7 @@ done). ``budget=demo|small|paper`` scales tasks, samples, group sizes and
 iterations together.
 
 ``-m`` sweeps run each combination in its own run directory under DIR
-(``DIR/<key=value,...>``) and copy, instead of rerunning, every stage whose
+(``DIR/<key-value__key-value>``) and copy, instead of rerunning, every stage whose
 fingerprint a finished combination already has; ``DIR/sweep_summary.md``
 compares the combinations.
 """
@@ -201,7 +201,8 @@ def run(config: TraceConfig) -> None:
 
 
 def job_name(config: TraceConfig, others: list[TraceConfig]) -> str:
-    """``key=value,...`` of the keys in which this sweep job differs from the others."""
+    """``key-value__key-value`` of the keys in which this sweep job differs from the others (a name that a
+    ``run_dir=`` override takes as it is: no ``=`` or ``,``)."""
     from omegaconf import OmegaConf
 
     def flat(c: TraceConfig) -> dict:
@@ -209,7 +210,7 @@ def job_name(config: TraceConfig, others: list[TraceConfig]) -> str:
 
     mine, theirs = flat(config), [flat(other) for other in others]
     keys = sorted(key for key in mine if key not in ("command",) and any(other.get(key) != mine[key] for other in theirs))
-    return ",".join(f"{key}={mine[key]}" for key in keys) or "default"
+    return "__".join(f"{key}-{mine[key]}" for key in keys) or "default"
 
 
 def _flatten(tree, prefix=""):
@@ -221,7 +222,7 @@ def _flatten(tree, prefix=""):
 
 
 def run_sweep(configs: list[TraceConfig]) -> None:
-    """Each combination in ``run_dir/<key=value,...>``; stages an earlier combination finished are copied."""
+    """Each combination in ``run_dir/<key-value__...>``; stages an earlier combination finished are copied."""
     root = Path(configs[0].run_dir)
     finished: list[Path] = []
     rows = []

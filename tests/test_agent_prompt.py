@@ -49,6 +49,13 @@ def test_text_rendering_puts_tools_in_system_then_example_then_task(tiny_model):
     assert [m["role"] for m in without] == ["system", "user"]
 
 
+def test_a_chat_without_tools_has_no_tool_section(tiny_model):
+    _, tokenizer = tiny_model
+    chat = AgentPrompt(tokenizer, show_example=False).chat(MESSAGES, [], [])
+    assert chat == MESSAGES  # the policy alone: no "# Tools" block, no tool-call format
+    assert AgentPrompt(tokenizer, show_example=False).chat(MESSAGES[1:], [], []) == MESSAGES[1:]  # and no empty system turn
+
+
 def test_prompt_ends_with_generation_header_and_reply_round_trips(tiny_model):
     _, tokenizer = tiny_model
     prompt = AgentPrompt(tokenizer)

@@ -108,10 +108,13 @@ class AgentPrompt:
         if self.native:
             head = [system] if system else []
             return head + [_with_dict_arguments(message) for message in shown + conversation]
-        tool_lines = "\n".join(render_tool_line(schema) for schema in tools)
         policy = system["content"] if system else ""
-        system_text = f"{policy}\n\n# Tools\n{tool_lines}\n\n{TOOL_CALL_INSTRUCTIONS}".strip()
-        rendered = [{"role": "system", "content": system_text}]
+        if tools:
+            tool_lines = "\n".join(render_tool_line(schema) for schema in tools)
+            system_text = f"{policy}\n\n# Tools\n{tool_lines}\n\n{TOOL_CALL_INSTRUCTIONS}".strip()
+        else:  # a plain chat (a served request without tools): no tool section, no tool-call format
+            system_text = policy
+        rendered = [{"role": "system", "content": system_text}] if system_text else []
         for message in shown + conversation:
             if message["role"] == "assistant":
                 rendered.append({"role": "assistant", "content": assistant_text(message)})

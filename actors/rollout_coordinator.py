@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from environments.protocol import Message, ResetResult, StepResult
-from trace_ray.config import TraceConfig
+from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.engines import AdapterRef, SamplingParams
 from trace_ray.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeTask

@@ -164,7 +164,7 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(servers, body
 def test_unknown_paths_and_context_overflow_are_refused_in_openai_format(servers):
     missing = httpx.get(f"{servers['plain']}/v1/nothing", timeout=30)
     assert missing.status_code == 404 and "POST /v1/chat/completions" in missing.json()["error"]["message"]
-    overflow = chat(servers["plain"], max_tokens=1000)  # the prompt plus 1000 tokens exceed the test's 1024-token context
+    overflow = chat(servers["plain"], max_tokens=1024)  # any prompt plus 1024 tokens exceed the test's 1024-token context
     assert overflow.status_code == 400 and overflow.json()["error"]["code"] == "context_length_exceeded"
     assert "lower max_tokens" in overflow.json()["error"]["message"]
     assert chat(servers["plain"], max_tokens=2).status_code == 200

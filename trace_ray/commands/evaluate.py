@@ -21,10 +21,10 @@ Cov vs Delta in ``DIR/capabilities/cov_vs_delta.png``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trace_ray.artifacts import atomic_path, write_json
+from trace_ray.capabilities.selection_file import read_selection
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
@@ -71,7 +71,7 @@ def router_choices(config: TraceConfig, run_dir: Path, adapters: list[TrainedAda
 def run(config: TraceConfig) -> None:
     run_dir = Path(config.run_dir)
     adapters = trained_adapters(run_dir)
-    selected = json.loads((run_dir / "capabilities" / "selected.json").read_text(encoding="utf-8"))
+    selected = read_selection(run_dir)
     make_env = environment_maker(config.env)
     target = make_env()
     seeds = target.task_seeds(config.split)[: config.limit or None]

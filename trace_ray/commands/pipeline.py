@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from trace_ray.artifacts import atomic_path
+from trace_ray.capabilities.selection_file import read_selection, ready_entries
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.errors import TraceRayError
@@ -37,16 +38,14 @@ HELP = "run TRACE end to end (collect, identify, synthesize, train, baseline, ro
 
 
 def ready_capabilities(run_dir: Path) -> list[str]:
-    path = run_dir / "capabilities" / "selected.json"
-    entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    return [entry["name"] for entry in entries if entry.get("status") == "READY"]
+    return [entry["name"] for entry in ready_entries(run_dir)]
 
 
 def top_capabilities(run_dir: Path, count: int | None) -> list[str] | None:
     """The ``count`` selected capabilities with the highest coverage (None: all)."""
     if count is None:
         return None
-    entries = json.loads((run_dir / "capabilities" / "selected.json").read_text(encoding="utf-8"))
+    entries = read_selection(run_dir)
     return [entry["name"] for entry in sorted(entries, key=lambda e: -e.get("mean_cov", 0.0))[:count]]
 
 

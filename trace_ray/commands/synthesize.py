@@ -36,6 +36,7 @@ from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
+from trace_ray.capabilities.selection_file import read_selection, selection_path
 from trace_ray.errors import TraceRayError
 from trace_ray.models import load_tokenizer
 from trace_ray.rollout_loop import EpisodeTask, run_rollouts
@@ -46,21 +47,10 @@ HELP = "build, self-check and calibrate one training environment per selected ca
 Groups = list[list[tuple[float, bool]]]  # per task seed, the (reward, success) of its K rollouts
 
 
-def selection_path(run_dir: Path) -> Path:
-    return run_dir / "capabilities" / "selected.json"
-
-
-def read_selection(run_dir: Path, only: list[str] | None) -> list[dict[str, Any]]:
+def capabilities_to_synthesize(run_dir: Path, only: list[str] | None) -> list[dict[str, Any]]:
     """The selected capabilities to synthesize (all, or those named in ``only``)."""
     path = selection_path(run_dir)
-    if not path.is_file():
-        raise TraceRayError(f"no {path}; run trace-ray identify run_dir={run_dir} first")
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise TraceRayError(f"{path} is not valid JSON ({exc.msg}); rerun trace-ray identify run_dir={run_dir}") from None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
-        raise TraceRayError(f"{path} is not a list of capabilities with names; rerun trace-ray identify run_dir={run_dir}")
+    entries = read_selection(run_dir)
     if not entries:
         raise TraceRayError(
             f"{path} selects no capability; lower selection.rho or selection.delta and rerun trace-ray identify"
@@ -222,7 +212,7 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
     run_dir = Path(config.run_dir)
     if config.env.name == "synthetic":
         raise TraceRayError("env= names the target environment the capabilities come from (e.g. env=device), not a synthetic one")
-    entries = read_selection(run_dir, config.synthesis.capabilities)
+    entries = capabilities_to_synthesize(run_dir, config.synthesis.capabilities)
     check_sources(config, entries)
     target = describe_target(config)
     rollouts = rollouts or RayCalibration(config).groups

@@ -18,7 +18,6 @@ Ray Train workers, rollout workers and environment actors).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from trace_ray.capabilities.selection_file import read_selection, selection_path
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import synthetic_env_config
@@ -38,10 +38,8 @@ POLL_S = 2.0
 
 
 def capability_jobs(config: TraceConfig, run_dir: Path) -> list[TrainJob]:
-    path = run_dir / "capabilities" / "selected.json"
-    if not path.is_file():
-        raise TraceRayError(f"no {path}; run trace-ray identify and trace-ray synthesize run_dir={run_dir} first")
-    entries = json.loads(path.read_text(encoding="utf-8"))
+    path = selection_path(run_dir)
+    entries = read_selection(run_dir, "run trace-ray identify and trace-ray synthesize run_dir=DIR first")
     if config.capability:
         entries = [entry for entry in entries if entry.get("name") == config.capability]
         if not entries:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from trace_ray.capabilities.selection_file import read_selection, ready_entries
 from trace_ray.errors import TraceRayError
 
 LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "task_type")
@@ -34,10 +35,8 @@ def read_peft_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 def trained_adapters(run_dir: Path) -> list[TrainedAdapter]:
     """Every exported adapter of ``run_dir/adapters/`` whose capability is READY in selected.json, in selection order."""
-    selected = run_dir / "capabilities" / "selected.json"
-    if not selected.is_file():
-        raise TraceRayError(f"no {selected}; run trace-ray identify, synthesize and train run_dir={run_dir} first")
-    entries = [e for e in json.loads(selected.read_text(encoding="utf-8")) if e.get("status") == "READY"]
+    read_selection(run_dir, "run trace-ray identify, synthesize and train run_dir=DIR first")
+    entries = ready_entries(run_dir)
     adapters = [
         TrainedAdapter(e["name"], run_dir / "adapters" / e["name"], e.get("description", ""), e.get("environment"))
         for e in entries
@@ -57,12 +56,7 @@ def served_adapters(run_dir: Path) -> list[TrainedAdapter]:
     """
     folder = run_dir / "adapters"
     found = sorted(path.parent.name for path in folder.glob("*/adapter_model.safetensors"))
-    selected = run_dir / "capabilities" / "selected.json"
-    try:
-        entries = json.loads(selected.read_text(encoding="utf-8")) if selected.is_file() else []
-    except json.JSONDecodeError as exc:
-        raise TraceRayError(f"{selected} is not valid JSON ({exc.msg}); fix it or rerun trace-ray identify run_dir={run_dir}") from None
-    ready = {e["name"]: e for e in entries if e.get("status") == "READY" and e.get("name") in found}
+    ready = {e["name"]: e for e in ready_entries(run_dir) if e["name"] in found}
     described = [TrainedAdapter(name, folder / name, e.get("description", ""), e.get("environment")) for name, e in ready.items()]
     others = [TrainedAdapter(name, folder / name, "", None) for name in found if name not in ready]
     return described + others

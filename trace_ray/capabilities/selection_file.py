@@ -1,0 +1,38 @@
+"""``run_dir/capabilities/selected.json``: the capabilities identification selected, read in one place.
+
+Identification writes it; synthesis marks each entry READY or FAILED; training,
+routing, serving, evaluation and the pipeline read it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trace_ray.errors import TraceRayError
+
+
+def selection_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "capabilities" / "selected.json"
+
+
+def read_selection(run_dir: Path, missing_hint: str = "run trace-ray identify run_dir=DIR first") -> list[dict[str, Any]]:
+    """The selected capabilities (a list of entries with names); one-line errors when missing or malformed."""
+    path = selection_path(run_dir)
+    if not path.is_file():
+        raise TraceRayError(f"no {path}; {missing_hint.replace('DIR', str(run_dir))}")
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TraceRayError(f"{path} is not valid JSON ({exc.msg}); rerun trace-ray identify run_dir={run_dir}") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+        raise TraceRayError(f"{path} is not a list of capabilities with names; rerun trace-ray identify run_dir={run_dir}")
+    return entries
+
+
+def ready_entries(run_dir: Path) -> list[dict[str, Any]]:
+    """The READY entries (none when there is no selection yet)."""
+    if not selection_path(run_dir).is_file():
+        return []
+    return [entry for entry in read_selection(run_dir) if entry.get("status") == "READY"]

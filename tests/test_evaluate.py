@@ -58,7 +58,8 @@ def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     rows = {row["method"]: row for row in report["methods"]}
     assert list(rows) == ["base", *(f"adapter:{n}" for n in names), "TRACE (logit)", "oracle router", "GRPO on target", "prompt injection"]
-    assert "TRACE (learned)" in report["not_evaluated"] and "trace-ray route" in report["not_evaluated"]["TRACE (learned)"]
+    for router in ("TRACE (learned)", "TRACE (moe)"):  # trace-ray route trains them
+        assert router in report["not_evaluated"] and "trace-ray route" in report["not_evaluated"][router]
     assert all(row["tasks"] == 4 for row in rows.values())
     assert rows[f"adapter:{names[0]}"]["rollouts"] == 16 and rows["TRACE (logit)"]["rollouts"] == 24
     assert rows["GRPO on target"]["rollouts"] == 24 and rows["prompt injection"]["rollouts"] == 0
@@ -75,3 +76,17 @@ def test_evaluate_without_adapters_is_a_one_line_error(tmp_path, capsys):
     assert main(["evaluate", f"run_dir={tmp_path}", *TINY]) == 1
     err = capsys.readouterr().err
     assert "run trace-ray identify" in err and err.count("\n") == 1 and not (tmp_path / "eval").exists()
+
+
+def test_evaluate_plays_the_routers_that_route_trained(tmp_path):
+    names = ["datetime_reasoning", "information_reporting"]
+    write_run(tmp_path, names)
+    common = [f"run_dir={tmp_path}", *TINY, "env.name=tests.scripted_environments:OddParityEnvironment", "model.sampling.max_new_tokens=9"]
+    assert main(["route", *common, "limit=4"]) == 0  # mixed oracle labels: the learned gate and the MoE train
+    assert main(["evaluate", *common, "limit=4"]) == 0
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    rows = {row["method"]: row for row in report["methods"]}
+    assert "TRACE (learned)" in rows and "TRACE (moe)" in rows and "TRACE (moe)" not in report["not_evaluated"]
+    assert rows["TRACE (moe)"]["tasks"] == 4 and 0 <= rows["TRACE (moe)"]["mean_reward"] <= 1
+    learned = json.loads((tmp_path / "router" / "learned.json").read_text())
+    assert report["choices"]["learned"] == [task["choice"] for task in learned["tasks"]]  # the saved gate, reloaded

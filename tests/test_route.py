@@ -50,6 +50,7 @@ def test_route_scores_every_router_against_oracle_labels(tmp_path):
     assert summary["oracle_reward"] >= max(report["routed_reward"], summary["base_reward"])
     learned = summary["routers"]["learned"]  # the tiny model earns nothing on device tasks: every label is base
     assert summary["train_labels"] == {"base": 4} and "a gate would learn a constant" in learned["error"]
+    assert "a gate would learn a constant" in summary["routers"]["moe"]["error"]
     assert not (tmp_path / "router" / "learned_gate.safetensors").exists()
     text = (tmp_path / "router" / "report.md").read_text()
     assert "logit router accuracy" in text and "| learned | not trained" in text
@@ -65,6 +66,9 @@ def test_the_learned_gate_trains_on_mixed_labels_and_is_scored_on_held_out_tasks
     report = json.loads((tmp_path / "router" / "learned.json").read_text())
     assert len(report["tasks"]) == 4 and report["accuracy"] == summary["routers"]["learned"]["accuracy"]
     assert report["accuracy"] == sum(task["choice"] == task["oracle"] for task in report["tasks"]) / 4
+    moe = json.loads((tmp_path / "router" / "moe.json").read_text())
+    assert len(moe["tasks"]) == 4 and moe["accuracy"] == summary["routers"]["moe"]["accuracy"]
+    assert (tmp_path / "router" / "moe" / "moe_gates.safetensors").is_file()
     card = json.loads((tmp_path / "router" / "learned_gate.json").read_text())
     assert card["names"] == [*names, "base"] and card["metrics"]["label_counts"] == {
         name: summary["train_labels"].get(name, 0) for name in card["names"]

@@ -8,6 +8,8 @@ turn limits:
 - ``TRACE (logit)``, ``TRACE (learned)``: the router picks one adapter (or
   the base) per task from its first observation; with greedy decoding the
   task then plays exactly as that option's episode, so it is scored from it;
+- ``TRACE (moe)``: the LoRA mixture-of-experts trained by ``trace-ray route``
+  plays every task itself on the HF engine (its gates mix adapters per token);
 - ``oracle router``: the best option per task (an upper bound of routing);
 - ``GRPO on target``: one LoRA trained on the target itself
   (``evaluate.grpo_baseline``, trained by ``trace-ray train train_on=env``);
@@ -37,6 +39,7 @@ from trace_ray.rollout_loop import EpisodeResult
 from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate
 from trace_ray.routing.logit_router import BASE
+from trace_ray.routing.lora_moe import moe_engine
 from trace_ray.routing.routers import logit_router
 
 HELP = "evaluate the base model, each adapter, TRACE with each router, the oracle router and two baselines on the held-out split"
@@ -99,6 +102,12 @@ def run(config: TraceConfig) -> None:
     order = [BASE] + [a.name for a in adapters]
     oracle = [best_choice({name: played[s][name].reward for name in order}, order) for s in seeds]
     methods.append(scores("oracle router", [played[s][pick] for s, pick in zip(seeds, oracle)], trace_rollouts))
+    try:
+        gated = moe_engine(config.model, config.engine, adapters, run_dir / "router" / "moe")
+        mixed = play_options(config, make_env, {}, seeds, engine=gated)
+        methods.insert(-1, scores("TRACE (moe)", [mixed[s][BASE] for s in seeds], trace_rollouts))
+    except TraceRayError as exc:
+        unavailable["TRACE (moe)"] = str(exc)
     if config.evaluate.grpo_baseline in options:
         baseline_rollouts = sum(row["rollouts"] for row in training_metrics(baseline))
         methods.append(scores("GRPO on target", [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))

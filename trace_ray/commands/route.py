@@ -8,7 +8,11 @@ every router is scored on them:
 
 - ``logit``: the paper's training-free router (``trace_ray/routing/logit_router.py``);
 - ``learned``: one gate over pooled hidden states (``trace_ray/routing/learned_gate.py``),
-  saved to ``DIR/router/learned_gate.*``.
+  saved to ``DIR/router/learned_gate.*``;
+- ``moe``: the LoRA mixture-of-experts, a gate at every adapted layer
+  (``trace_ray/routing/lora_moe.py``), saved to ``DIR/router/moe/``; its
+  choice for a task is the option most of its layers pick at the prompt's
+  last token.
 
 A learned router whose training labels are degenerate (one option
 throughout) is reported as not trained, with the reason. Writes
@@ -28,9 +32,10 @@ from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
 from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
-from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
+from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
 from trace_ray.routing.learned_gate import fit_gate, gate_decisions, pooled_features, save_gate
 from trace_ray.routing.logit_router import BASE, RouteDecision
+from trace_ray.routing.lora_moe import MoERouter, fit_moe, prompt_ids, save_moe
 from trace_ray.routing.routers import logit_router
 
 HELP = "build the logit and learned routers over the trained adapters; accuracy and confusion matrices against oracle labels"
@@ -97,6 +102,17 @@ def learned_decisions(config, model, tokenizer, names, train_observations, train
     return gate_decisions(gate, pooled_features(model, tokenizer, eval_observations))
 
 
+def moe_decisions(config, adapters, train_observations, train_labels, eval_observations, folder: Path):
+    from trace_ray.models import load_model
+
+    network, tokenizer = load_model(config.model)  # a second copy: the gates are built into it
+    weights = {a.name: read_peft_folder(a.folder) for a in adapters}
+    examples = [prompt_ids(tokenizer, observation) for observation in train_observations]
+    moe = fit_moe(network, tokenizer, weights, examples, train_labels, config.router.moe, config.seed)
+    save_moe(folder / "moe", moe, {a.name: str(a.folder) for a in adapters})
+    return MoERouter(moe, tokenizer).route_many(eval_observations)
+
+
 def run(config: TraceConfig) -> None:
     from trace_ray.models import load_model
 
@@ -125,6 +141,12 @@ def run(config: TraceConfig) -> None:
         )
     except TraceRayError as exc:
         decisions["learned"] = str(exc)
+    try:
+        decisions["moe"] = moe_decisions(
+            config, adapters, [observations[s] for s in train_seeds], [labels[s] for s in train_seeds], eval_observations, folder,
+        )
+    except TraceRayError as exc:
+        decisions["moe"] = str(exc)
 
     routers = {}
     for router, outcome in decisions.items():

@@ -58,4 +58,7 @@ def build_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters:
     if name == "learned":
         gate = load_gate(run_dir / "router", config.model.name, [a.name for a in adapters])
         return LearnedRouter(model, tokenizer, gate)
-    raise TraceRayError(f"router={name} cannot be built here yet; use router=logit or router=none")
+    raise TraceRayError(
+        f"router={name} mixes adapters per token inside the model, so it has no per-conversation choice to serve; "
+        "serve with router=logit or router=learned (trace-ray evaluate runs the MoE on the HF engine)"
+    )

@@ -23,10 +23,11 @@ def write_run(run_dir, names):
         folder.mkdir(parents=True)
         (folder / "spec.json").write_text(json.dumps({"capability": name, "target": "device", "source": "templates", "difficulty": 1}))
         policy, _ = trainable_model(config.model, config.lora, seed=seed)
+        generator = torch.Generator().manual_seed(seed)  # the same adapters whatever ran before
         with torch.no_grad():
             for parameter_name, parameter in policy.named_parameters():
                 if "lora_B" in parameter_name:
-                    parameter.normal_(0, 0.5)
+                    parameter.normal_(0, 0.5, generator=generator)
         export_adapter(policy, run_dir / "adapters" / name)
 
 

@@ -20,7 +20,8 @@
 import path of a Serve config file (``serve deploy``).
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: FastAPI (0.165 and later) reads the ingress methods'
+# annotations at runtime and takes a string ``Request`` for a body parameter (every call then answers 422).
 
 import asyncio
 import dataclasses

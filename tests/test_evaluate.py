@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_route import TINY, write_run
+from tests.run_dirs import write_capability_run
+from tests.test_route import TINY
 from trace_ray.cli import compose_config, main
 from trace_ray.evaluation.report import MethodScores, report_markdown, report_rows
 from trace_ray.training.lora_model import export_adapter, trainable_model
@@ -46,7 +47,7 @@ def write_metrics(folder, rollouts):
 
 def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
-    write_run(tmp_path, names)
+    write_capability_run(tmp_path, names)
     write_metrics(tmp_path / "adapters" / names[0], [8, 8])
     write_metrics(tmp_path / "adapters" / names[1], [8])
     config = compose_config("train", TINY)
@@ -80,7 +81,7 @@ def test_evaluate_without_adapters_is_a_one_line_error(tmp_path, capsys):
 
 def test_evaluate_plays_the_routers_that_route_trained(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
-    write_run(tmp_path, names)
+    write_capability_run(tmp_path, names)
     common = [f"run_dir={tmp_path}", *TINY, "env.name=tests.scripted_environments:OddParityEnvironment", "model.sampling.max_new_tokens=9"]
     assert main(["route", *common, "limit=4"]) == 0  # mixed oracle labels: the learned gate and the MoE train
     assert main(["evaluate", *common, "limit=4"]) == 0

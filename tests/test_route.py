@@ -2,38 +2,17 @@
 
 import json
 
-import torch
-
-from trace_ray.cli import compose_config, main
+from tests.run_dirs import write_capability_run
+from trace_ray.cli import main
 from trace_ray.commands.route import confusion
 from trace_ray.evaluation.option_rollouts import best_choice
-from trace_ray.training.lora_model import export_adapter, trainable_model
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
 
 
-def write_run(run_dir, names):
-    """READY capabilities with a template environment and an exported (non-zero) adapter each."""
-    config = compose_config("train", TINY)
-    (run_dir / "capabilities").mkdir(parents=True)
-    entries = [{"name": n, "description": f"the {n} skill", "status": "READY", "environment": f"synthetic/{n}"} for n in names]
-    (run_dir / "capabilities" / "selected.json").write_text(json.dumps(entries))
-    for seed, name in enumerate(names):
-        folder = run_dir / "environments" / name
-        folder.mkdir(parents=True)
-        (folder / "spec.json").write_text(json.dumps({"capability": name, "target": "device", "source": "templates", "difficulty": 1}))
-        policy, _ = trainable_model(config.model, config.lora, seed=seed)
-        generator = torch.Generator().manual_seed(seed)  # the same adapters whatever ran before
-        with torch.no_grad():
-            for parameter_name, parameter in policy.named_parameters():
-                if "lora_B" in parameter_name:
-                    parameter.normal_(0, 0.5, generator=generator)
-        export_adapter(policy, run_dir / "adapters" / name)
-
-
 def test_route_scores_every_router_against_oracle_labels(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
-    write_run(tmp_path, names)
+    write_capability_run(tmp_path, names)
     overrides = ["limit=3", "router.train_limit=4", "model.sampling.max_new_tokens=8"]
     assert main(["route", f"run_dir={tmp_path}", *TINY, *overrides]) == 0
     report = json.loads((tmp_path / "router" / "logit.json").read_text())
@@ -59,7 +38,7 @@ def test_route_scores_every_router_against_oracle_labels(tmp_path):
 
 def test_the_learned_gate_trains_on_mixed_labels_and_is_scored_on_held_out_tasks(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
-    write_run(tmp_path, names)
+    write_capability_run(tmp_path, names)
     env = "env.name=tests.scripted_environments:OddParityEnvironment"  # the adapters' replies win some tasks
     assert main(["route", f"run_dir={tmp_path}", *TINY, env, "limit=4", "model.sampling.max_new_tokens=9"]) == 0
     summary = json.loads((tmp_path / "router" / "summary.json").read_text())

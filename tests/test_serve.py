@@ -16,15 +16,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 import yaml
 
+from tests.run_dirs import write_capability_run
 from serve_apps.openai_chat import (
     BASE, RequestError, chat_completion, completion_chunks, conversation_key, reply_message, resolve_model, server_sent_events,
 )
 from serve_apps.routed_agent import ADAPTER_HEADER, RouteCache, app_builder, build_app
 from trace_ray.cli import compose_config, main
-from trace_ray.training.lora_model import export_adapter, trainable_model
 
 CAPABILITIES = ["tool_calling_precision", "datetime_reasoning"]
 EXTRA = "extra_adapter"  # a PEFT folder no capability names: served when forced, never routed
@@ -35,20 +34,7 @@ HELLO = [{"role": "system", "content": "You control a phone."}, {"role": "user",
 
 def write_run(run_dir: Path) -> None:
     """Two READY capabilities (description, template environment spec, exported non-zero adapter) and one extra adapter."""
-    config = compose_config("train", TINY)
-    (run_dir / "capabilities").mkdir(parents=True)
-    entries = [{"name": n, "description": f"the {n} skill", "status": "READY", "environment": f"synthetic/{n}"} for n in CAPABILITIES]
-    (run_dir / "capabilities" / "selected.json").write_text(json.dumps(entries))
-    for seed, name in enumerate(CAPABILITIES):
-        folder = run_dir / "environments" / name
-        folder.mkdir(parents=True)
-        (folder / "spec.json").write_text(json.dumps({"capability": name, "target": "device", "source": "templates", "difficulty": 1}))
-        policy, _ = trainable_model(config.model, config.lora, seed=seed)
-        with torch.no_grad():
-            for parameter_name, parameter in policy.named_parameters():
-                if "lora_B" in parameter_name:
-                    parameter.normal_(0, 0.5)
-        export_adapter(policy, run_dir / "adapters" / name)
+    write_capability_run(run_dir, CAPABILITIES)
     shutil.copytree(run_dir / "adapters" / CAPABILITIES[1], run_dir / "adapters" / EXTRA)
 
 

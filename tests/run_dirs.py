@@ -1,0 +1,29 @@
+"""Run directories for tests and benchmarks: READY capabilities with template environments and trained-looking adapters."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from trace_ray.cli import compose_config
+from trace_ray.training.lora_model import export_adapter, trainable_model
+
+
+def write_capability_run(run_dir: Path, names: list[str], model: str = "tiny_random", scale: float = 0.5) -> None:
+    """Per name: a READY entry with a description, a template environment spec, and an exported adapter whose
+    LoRA B is drawn from N(0, scale) by its own seeded generator (non-zero, so the adapter changes the model)."""
+    config = compose_config("train", [f"model={model}", "lora.rank=4", "lora.alpha=8"])
+    (run_dir / "capabilities").mkdir(parents=True)
+    entries = [{"name": n, "description": f"the {n} skill", "status": "READY", "environment": f"synthetic/{n}"} for n in names]
+    (run_dir / "capabilities" / "selected.json").write_text(json.dumps(entries))
+    for seed, name in enumerate(names):
+        folder = run_dir / "environments" / name
+        folder.mkdir(parents=True)
+        (folder / "spec.json").write_text(json.dumps({"capability": name, "target": "device", "source": "templates", "difficulty": 1}))
+        policy, _ = trainable_model(config.model, config.lora, seed=seed)
+        generator = torch.Generator().manual_seed(seed)  # the same adapters whatever ran before
+        with torch.no_grad():
+            for parameter_name, parameter in policy.named_parameters():
+                if "lora_B" in parameter_name:
+                    parameter.normal_(0, scale, generator=generator)
+        export_adapter(policy, run_dir / "adapters" / name)

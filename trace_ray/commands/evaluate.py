@@ -36,6 +36,7 @@ from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
 from trace_ray.evaluation.report import TABLE_HEADER, MethodScores, report_markdown, report_rows, table_rows
 from trace_ray.rollout_loop import EpisodeResult
+from trace_ray.training.training_log import read_metrics, rollouts_spent
 from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate
 from trace_ray.routing.logit_router import BASE
@@ -43,13 +44,6 @@ from trace_ray.routing.lora_moe import moe_engine
 from trace_ray.routing.routers import logit_router
 
 HELP = "evaluate the base model, each adapter, TRACE with each router, the oracle router and two baselines on the held-out split"
-
-
-def training_metrics(folder: Path) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    path = folder / "metrics.parquet"
-    return pq.read_table(path).to_pylist() if path.is_file() else []
 
 
 def scores(name: str, results: list[EpisodeResult], rollouts: int) -> MethodScores:
@@ -93,7 +87,8 @@ def run(config: TraceConfig) -> None:
     choices, router_gaps = router_choices(config, run_dir, adapters, [list(target.reset(seed).messages) for seed in seeds])
     unavailable.update(router_gaps)
 
-    spent = {a.name: sum(row["rollouts"] for row in training_metrics(a.folder)) for a in adapters}
+    history = {a.name: read_metrics(a.folder) for a in adapters}
+    spent = {name: sum(row["rollouts"] for row in rows) for name, rows in history.items()}
     trace_rollouts = sum(spent.values())
     methods = [scores("base", [played[s][BASE] for s in seeds], 0)]
     methods += [scores(f"adapter:{a.name}", [played[s][a.name] for s in seeds], spent[a.name]) for a in adapters]
@@ -109,7 +104,7 @@ def run(config: TraceConfig) -> None:
     except TraceRayError as exc:
         unavailable["TRACE (moe)"] = str(exc)
     if config.evaluate.grpo_baseline in options:
-        baseline_rollouts = sum(row["rollouts"] for row in training_metrics(baseline))
+        baseline_rollouts = rollouts_spent(baseline)
         methods.append(scores("GRPO on target", [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))
     methods.append(scores("prompt injection", [injected[s][BASE] for s in seeds], 0))
 
@@ -131,7 +126,7 @@ def run(config: TraceConfig) -> None:
     with atomic_path(folder / "report.md") as scratch:
         Path(scratch).write_text(report_markdown(title, rows, unavailable, notes), encoding="utf-8")
     plot_methods(rows, folder / "methods.png")
-    curves = {a.name: [(r["iteration"], r["reward_mean"]) for r in training_metrics(a.folder)] for a in adapters}
+    curves = {name: [(r["iteration"], r["reward_mean"]) for r in rows] for name, rows in history.items()}
     plot_reward_curves(curves, folder / "reward_curves.png")
     print_table(title, TABLE_HEADER, table_rows(rows))
     for name, reason in unavailable.items():

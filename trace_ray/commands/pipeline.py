@@ -33,6 +33,7 @@ from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.errors import TraceRayError
 from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
+from trace_ray.training.training_log import rollouts_spent
 
 HELP = "run TRACE end to end (collect, identify, synthesize, train, baseline, route, evaluate) with a manifest; reruns skip finished stages"
 
@@ -49,16 +50,9 @@ def top_capabilities(run_dir: Path, count: int | None) -> list[str] | None:
     return [entry["name"] for entry in sorted(entries, key=lambda e: -e.get("mean_cov", 0.0))[:count]]
 
 
-def training_rollouts(folder: Path) -> int:
-    import pyarrow.parquet as pq
-
-    path = folder / "metrics.parquet"
-    return sum(pq.read_table(path, columns=["rollouts"]).column("rollouts").to_pylist()) if path.is_file() else 0
-
-
 def matched_iterations(config: TraceConfig, run_dir: Path) -> int:
     """GRPO iterations on the target that spend as many rollouts as TRACE's capability adapters did."""
-    spent = sum(training_rollouts(run_dir / "adapters" / name) for name in ready_capabilities(run_dir))
+    spent = sum(rollouts_spent(run_dir / "adapters" / name) for name in ready_capabilities(run_dir))
     return max(1, math.ceil(spent / (config.grpo.group_size * config.grpo.groups_per_batch)))
 
 

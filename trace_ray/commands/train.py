@@ -32,6 +32,7 @@ from trace_ray.console import console, print_table
 from trace_ray.environment_setup import synthetic_env_config
 from trace_ray.errors import TraceRayError
 from trace_ray.training.train_loop import TrainJob
+from trace_ray.training.training_log import read_metrics
 
 HELP = "train one LoRA adapter per READY capability with GRPO on Ray Train (run_dir/adapters/<name>/)"
 POLL_S = 2.0
@@ -154,7 +155,7 @@ def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
     thread.join()
     if failure:
         raise training_error(failure[0], job) from None
-    return pq.read_table(metrics_path).to_pylist() if metrics_path.is_file() else []
+    return read_metrics(Path(job.output))
 
 
 def training_error(exc: BaseException, job: TrainJob) -> BaseException:

@@ -46,6 +46,17 @@ class TrainingLog:
             plot_reward_curve(history, self.folder / "reward_curve.png")
 
 
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    """The metrics of every finished iteration in ``folder/metrics.parquet`` (none before the first)."""
+    path = Path(folder) / "metrics.parquet"
+    return pq.read_table(path).to_pylist() if path.is_file() else []
+
+
+def rollouts_spent(folder: Path) -> int:
+    """The GRPO rollouts an adapter was trained with, dynamic sampling's extra batches included."""
+    return sum(row["rollouts"] for row in read_metrics(folder))
+
+
 def plot_reward_curve(history: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -241,8 +242,13 @@ def test_capabilities_train_concurrently_when_the_cluster_holds_two_jobs(tmp_pat
     write_selection(tmp_path, [{"name": name, "status": "READY"} for name in names])
     for name in names:
         write_template_spec(tmp_path, name, 1)
-    train.run(capability_config(tmp_path, "trainer.concurrent_jobs=2"))  # 1.6 CPUs a job; the session's Ray has 4
-    first, second = (metrics_of(tmp_path, name)[0] for name in names)
+    config = capability_config(tmp_path, "trainer.concurrent_jobs=2", "grpo.iterations=2")  # two: a wide window to overlap in
+    deadline = time.monotonic() + 60  # 1.6 CPUs a job; the session's Ray has 4 once earlier tests' actors are gone
+    while ray_session.available_resources().get("CPU", 0) < 2 * train.job_resources(config)["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    train.run(config)
+    first, second = (metrics_of(tmp_path, name) for name in names)
+    first, second = ({"started_at": rows[0]["started_at"], "finished_at": rows[-1]["finished_at"]} for rows in (first, second))
     assert first["started_at"] < second["finished_at"] and second["started_at"] < first["finished_at"]  # they overlapped
 
 

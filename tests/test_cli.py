@@ -41,6 +41,7 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
         (["env.success_threshold=0"], "env.success_threshold must be in (0, 1]"),
         (["model=local"], "model.source=path needs model.path="),
         (["split=eval,analysis"], "add -m to sweep"),
+        (["grpo.max_rollouts=3"], "grpo.max_rollouts=3 is below one batch (group_size x groups_per_batch = 64)"),
     ],
 )
 def test_bad_config_is_one_clear_error(overrides, message):

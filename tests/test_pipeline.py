@@ -71,6 +71,7 @@ def test_every_stage_runs_once_and_a_rerun_skips_them_all(finished_run, capsys):
     methods = {row["method"]: row for row in report["methods"]}
     assert {"base", f"adapter:{trained}", "TRACE (logit)", "oracle router", "GRPO on target", "prompt injection"} <= set(methods)
     assert methods["GRPO on target"]["rollouts"] == methods["TRACE (logit)"]["rollouts"] == 2  # the same training budget
+    assert stages["baseline"]["config"]["grpo"]["max_rollouts"] == 2  # capped at it, resampling included
     assert report["tasks"] == 2
     capsys.readouterr()
     before = (run_dir / MANIFEST).read_text()

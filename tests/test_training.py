@@ -15,7 +15,7 @@ from trace_ray.errors import TraceRayError
 from trace_ray.training.grpo import pad_batch, policy_loss, token_logprobs
 from trace_ray.training.groups import TrainingRow
 from trace_ray.training.lora_model import peft_settings, trainable_model
-from trace_ray.training.train_loop import update
+from trace_ray.training.train_loop import batch_fits, update
 from trace_ray.training.weight_sync import WeightSyncError, sync_adapter
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
@@ -174,6 +174,28 @@ def test_resumed_run_ends_with_the_same_adapter_as_an_uninterrupted_one(tmp_path
     # order) where the resumed one prefills afresh, so behavior log-probs differ in the last digits
     assert all(torch.allclose(expected[key], resumed[key], rtol=0, atol=1e-4) for key in expected)
     assert any(expected[key].abs().max() > 1e-2 for key in expected)  # and the adapter really moved
+
+
+def test_a_rollout_cap_stops_resampling_and_training_at_the_budget(tmp_path, ray_session):
+    # up to 3 batches of 2 rollouts per iteration (dynamic sampling wants 2 informative groups), capped at 10 in all
+    config = parity_config(
+        tmp_path, "grpo.iterations=10", "grpo.group_size=2", "grpo.groups_per_batch=1", "grpo.mini_batch_size=2",
+        "grpo.min_informative_groups=2", "grpo.max_resample_batches=2", "grpo.max_rollouts=10", "adapter=parity",
+    )
+    train.run(config)
+    history = metrics_of(tmp_path)
+    spent = sum(row["rollouts"] for row in history)
+    assert spent <= 10 < spent + 2  # within the cap, and no further batch fitted
+    assert len(history) < 10 and history[-1]["stopped_on_budget"] and not any(row["stopped_on_budget"] for row in history[:-1])
+
+
+@pytest.mark.parametrize(
+    "cap, spent, extra, fits",
+    [(None, [100], 0, True), (8, [], 0, True), (8, [4], 0, True), (8, [4], 2, False), (8, [2, 4], 0, False), (7, [4], 0, False)],
+)
+def test_batch_fits_counts_finished_and_current_rollouts_against_the_cap(cap, spent, extra, fits):
+    grpo = tiny_config(f"grpo.max_rollouts={'null' if cap is None else cap}", "grpo.group_size=2", "grpo.groups_per_batch=2").grpo
+    assert batch_fits(grpo, [{"rollouts": n} for n in spent], extra) is fits
 
 
 # -- bad inputs ----------------------------------------------------------------------------------------

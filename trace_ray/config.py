@@ -201,6 +201,9 @@ class GRPOConfig:
     plateau_delta: float = MISSING
     checkpoint_every: int = MISSING
     max_tokens_per_trajectory: Optional[int] = None
+    # stop before a batch would take the rollouts spent past this (null: no cap); the pipeline's
+    # GRPO-on-target baseline gets TRACE's total so both spend the same budget
+    max_rollouts: Optional[int] = None
 
 
 @dataclass
@@ -484,6 +487,9 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     for key in ("kl_coef", "weight_decay", "advantage_eps", "plateau_delta"):
         _require(getattr(grpo, key) >= 0, f"grpo.{key} must be >= 0, got {getattr(grpo, key)}")
     _require(grpo.lr > 0 and grpo.max_grad_norm > 0, "grpo.lr and grpo.max_grad_norm must be > 0")
+    batch = grpo.group_size * grpo.groups_per_batch
+    _require(grpo.max_rollouts is None or grpo.max_rollouts >= batch,
+             f"grpo.max_rollouts={grpo.max_rollouts} is below one batch (group_size x groups_per_batch = {batch}); raise it or set null")
     _require(grpo.max_tokens_per_trajectory is None or grpo.max_tokens_per_trajectory >= 2,
              f"grpo.max_tokens_per_trajectory must be >= 2 or null, got {grpo.max_tokens_per_trajectory}")
     _require(lora.rank >= 1 and lora.alpha > 0, f"lora.rank must be >= 1 and lora.alpha > 0, got {lora.rank}, {lora.alpha}")

@@ -50,10 +50,15 @@ def top_capabilities(run_dir: Path, count: int | None) -> list[str] | None:
     return [entry["name"] for entry in sorted(entries, key=lambda e: -e.get("mean_cov", 0.0))[:count]]
 
 
-def matched_iterations(config: TraceConfig, run_dir: Path) -> int:
-    """GRPO iterations on the target that spend as many rollouts as TRACE's capability adapters did."""
-    spent = sum(rollouts_spent(run_dir / "adapters" / name) for name in ready_capabilities(run_dir))
-    return max(1, math.ceil(spent / (config.grpo.group_size * config.grpo.groups_per_batch)))
+def matched_budget(config: TraceConfig, run_dir: Path) -> dict[str, int]:
+    """GRPO settings on the target that spend at most the rollouts TRACE's capability adapters did.
+
+    The cap (``grpo.max_rollouts``) holds dynamic sampling's extra batches to the
+    same total; the iterations are as many as that total allows (at least one batch).
+    """
+    batch = config.grpo.group_size * config.grpo.groups_per_batch
+    spent = max(batch, sum(rollouts_spent(run_dir / "adapters" / name) for name in ready_capabilities(run_dir)))
+    return {"grpo__iterations": math.ceil(spent / batch), "grpo__max_rollouts": spent}
 
 
 def _replace(config: TraceConfig, **sections) -> TraceConfig:
@@ -104,7 +109,7 @@ STAGES = [
     ),
     Stage(
         "baseline", "train", ("grpo", "lora", "evaluate.grpo_baseline"),
-        lambda c, d: _replace(c, train_on="env", capability=None, adapter=c.evaluate.grpo_baseline, grpo__iterations=matched_iterations(c, d)),
+        lambda c, d: _replace(c, train_on="env", capability=None, adapter=c.evaluate.grpo_baseline, **matched_budget(c, d)),
         lambda c, d: [f"adapters/{c.evaluate.grpo_baseline}"],
     ),
     Stage(

@@ -16,7 +16,7 @@ Per iteration:
 4. rank 0 publishes the new adapter version to every rollout worker and
    verifies it (``weight_sync.py``); a checkpoint is reported every
    ``grpo.checkpoint_every`` iterations; training stops early on a reward
-   plateau.
+   plateau, or when another batch would spend more than ``grpo.max_rollouts``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from trace_ray.config import EnvConfig, TraceConfig
+from trace_ray.config import EnvConfig, GRPOConfig, TraceConfig
 from trace_ray.training.grpo import entropy_from_logits, kl_penalty, minibatches, pad_batch, policy_loss, token_logprobs
 from trace_ray.training.groups import GroupSummary, TrainingRow, shard_rows, summarize_groups, training_rows
 from trace_ray.training.lora_model import (
@@ -83,14 +83,19 @@ class TrainingRollouts:
         return sync_adapter(self.pool.workers, self.job.name, version, adapter_weights(policy), self.lora_config)
 
     def collect(self, state: TrainState, version: int) -> tuple[list[list], int, float]:
-        """Groups with the adapter at ``version``, with dynamic sampling; (groups, seed cursor after, seconds)."""
+        """Groups with the adapter at ``version``, with dynamic sampling; (groups, seed cursor after, seconds).
+
+        Resampling stops early where another batch would pass ``grpo.max_rollouts``.
+        """
         from trace_ray.engines import SamplingParams
         from trace_ray.rollout_loop import EpisodeTask, run_rollouts
 
         config, grpo = self.config, self.config.grpo
         params = SamplingParams(grpo.temperature, 1.0, config.model.sampling.max_new_tokens, seed=config.seed)
         started, cursor, groups = time.perf_counter(), state.seed_cursor, []
-        for _ in range(grpo.max_resample_batches + 1):
+        for batch in range(grpo.max_resample_batches + 1):
+            if batch and not batch_fits(grpo, state.history, extra=len(groups) * grpo.group_size):
+                break
             seeds = [self.env.train_seed(cursor + g) for g in range(grpo.groups_per_batch)]
             cursor += grpo.groups_per_batch
             tasks = [
@@ -105,6 +110,18 @@ class TrainingRollouts:
             if summarize_groups(groups).informative_groups >= grpo.min_informative_groups:
                 break
         return groups, cursor, time.perf_counter() - started
+
+
+def batch_fits(grpo: GRPOConfig, history: list[dict[str, Any]], extra: int = 0) -> bool:
+    """Whether one more batch of rollouts stays within ``grpo.max_rollouts``.
+
+    ``history`` holds the finished iterations' metrics; ``extra``: rollouts of the
+    current iteration so far.
+    """
+    if grpo.max_rollouts is None:
+        return True
+    spent = sum(row["rollouts"] for row in history) + extra
+    return spent + grpo.group_size * grpo.groups_per_batch <= grpo.max_rollouts
 
 
 def broadcast(value: Any, rank: int, world_size: int) -> Any:
@@ -249,7 +266,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if rank == 0:
         rollouts.sync(policy, state.iteration)
         log.write(state.history)
-    stop = state.iteration >= grpo.iterations
+    stop = state.iteration >= grpo.iterations or not batch_fits(grpo, state.history)
     while not stop:
         iteration = state.iteration + 1
         if rank == 0:
@@ -274,10 +291,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
         improved = metrics["reward_mean"] > state.best_reward + grpo.plateau_delta
         state.best_reward = max(state.best_reward, metrics["reward_mean"])
         state.since_best = 0 if improved else state.since_best + 1
-        stop = state.iteration >= grpo.iterations or state.since_best >= grpo.plateau_patience
         metrics["stopped_on_plateau"] = state.since_best >= grpo.plateau_patience
         metrics["finished_at"] = time.time()
         state.history.append(metrics)
+        metrics["stopped_on_budget"] = not batch_fits(grpo, state.history)
+        stop = state.iteration >= grpo.iterations or metrics["stopped_on_plateau"] or metrics["stopped_on_budget"]
         if rank == 0:
             log.write(state.history)
         if stop or state.iteration % grpo.checkpoint_every == 0:

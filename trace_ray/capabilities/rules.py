@@ -12,16 +12,19 @@ The evidence describes each state change the task needs as an action
 ``{"tool", "arguments", "roles", "requested"}``; an argument's role is
 ``literal`` (spelled out by the request), ``text`` (expected: words the text
 must contain), ``entity`` (taken from a tool result) or ``time`` (a computed
-timestamp). The other fields are ``blockers`` (actions the environment's
-state refuses at first), ``prechecks`` (tool -> checks due before it; ``ask_user``
-is a question to the user), ``reports``, ``time_reports`` and
-``choice_reports`` (milestone names).
+timestamp); other roles (``derived``) are judged by no detector. Values other
+than strings compare as data: numbers by value, lists as multisets, objects
+key by key, strings inside them without case. The other fields are
+``blockers`` (actions the environment's state refuses at first),
+``prechecks`` (tool -> checks due before it; ``ask_user`` is a question to the
+user), ``reports``, ``time_reports`` and ``choice_reports`` (milestone names).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -133,7 +136,20 @@ def _matches(role: str, given: Any, expected: Any) -> bool:
             return False
         digits = _phone_digits(expected)
         return given.strip().casefold() == expected.strip().casefold() or (digits is not None and _phone_digits(given) == digits)
-    return type(given) is type(expected) and given == expected
+    return _canonical(given) == _canonical(expected)
+
+
+def _canonical(value: Any) -> str:
+    """A value as a comparable string: strings without case, integers equal to floats, lists as multisets, objects by key."""
+    if isinstance(value, str):
+        return json.dumps(value.strip().casefold())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return json.dumps(float(value))
+    if isinstance(value, list):
+        return "[" + ",".join(sorted(_canonical(item) for item in value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(sorted(json.dumps(str(key)) + ":" + _canonical(item) for key, item in value.items())) + "}"
+    return json.dumps(value)
 
 
 def agrees(call: Call, action: dict[str, Any], roles: Iterable[str]) -> bool:
@@ -203,15 +219,15 @@ def tool_calling_precision(trajectory: Trajectory, evidence: dict) -> str:
 def multi_step_task_completion(trajectory: Trajectory, evidence: dict) -> str:
     """Needed when the request asks for two or more actions (``requested`` actions).
 
-    PRESENT when the tool of every requested action was called successfully (with
-    any arguments: their precision is judged apart); LACKING when the agent stopped
-    before one of them.
+    PRESENT when every requested action got its own successful call of its tool
+    (two cancellations take two; any arguments: their precision is judged apart);
+    LACKING when the agent stopped before one of them.
     """
     if "multi_step_task_completion" not in evidence.get("needs", []):
         return NA
-    done = {call.name for call in calls(trajectory) if call.ok}
-    requested = [action for action in evidence["actions"] if action["requested"]]
-    return PRESENT if all(action["tool"] in done for action in requested) else LACKING
+    done = Counter(call.name for call in calls(trajectory) if call.ok)
+    requested = Counter(action["tool"] for action in evidence["actions"] if action["requested"])
+    return PRESENT if all(done[tool] >= count for tool, count in requested.items()) else LACKING
 
 
 def precondition_verification(trajectory: Trajectory, evidence: dict) -> str:

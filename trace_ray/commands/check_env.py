@@ -1,16 +1,21 @@
-"""``trace-ray check-env env=NAME``: run the environment's self-checks."""
+"""``trace-ray check-env env=NAME``: run the environment's self-checks (τ²-bench targets: the gold replay)."""
 
 from __future__ import annotations
+
+from rich.progress import Progress
 
 from environments.registry import make_environment
 from environments.self_checks import run_self_checks
 from environments.synthetic.factory import read_spec
-from trace_ray.config import TraceConfig
+from trace_ray.config import TAU2_ENVS, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
 from trace_ray.errors import TraceRayError
 
-HELP = "run an environment's self-checks (oracle = 1.0, weak agents < 1.0, determinism, schemas; synthetic: target tools, capability needed)"
+HELP = (
+    "run an environment's self-checks (oracle = 1.0, weak agents < 1.0, determinism, schemas; synthetic: target tools, "
+    "capability needed); tau2_*: replay every task's gold actions through the package and through our adapter"
+)
 
 
 def target_tools(config: TraceConfig) -> list | None:
@@ -21,7 +26,47 @@ def target_tools(config: TraceConfig) -> list | None:
     return target.reset(target.task_seeds("analysis")[0]).tools
 
 
+def run_gold_replay(config: TraceConfig) -> None:
+    """τ²-bench targets: the package's score of each task's gold actions beside ours (see environments/tau2/gold_replay.py).
+
+    The weak-agent checks do not apply to a fixed benchmark: some tasks are
+    solved by refusing, which a do-nothing agent does too.
+    """
+    environment_maker(config.env)  # a missing package fails here, naming the install command
+    from environments.tau2.gold_replay import gold_replay
+    from environments.tau2.tasks import domain_tasks
+
+    domain = config.env.name.removeprefix("tau2_")
+    seeds = sorted(domain_tasks(domain))
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        job = progress.add_task(f"gold replay of {domain}", total=len(seeds))
+        for row in gold_replay(domain, seeds):
+            rows.append(row)
+            progress.advance(job)
+    print_table(
+        f"gold replay of env={config.env.name} ({len(rows)} tasks, scripted user)",
+        ["task", "package reward", "ours", "match", "reason"],
+        [(row.task_id, f"{row.package_reward:.1f}", f"{row.our_reward:.1f}", "yes" if row.match else "NO", row.reason) for row in rows],
+    )
+    package_passes = sum(row.package_reward == 1.0 for row in rows)
+    our_passes = sum(row.our_reward == 1.0 for row in rows)
+    regressions = [row.task_id for row in rows if row.regression]
+    console.print(
+        f"{domain}: {len(rows)} tasks; package 1.0 on {package_passes}, ours 1.0 on {our_passes}; "
+        f"{sum(row.match for row in rows)} match, {len(regressions)} where ours falls below the package's 1.0"
+    )
+    if regressions:
+        raise TraceRayError(
+            f"env={config.env.name}: our adapter scores below 1.0 where the package's gold actions score 1.0 on task(s) "
+            f"{', '.join(regressions)}; see the table above"
+        )
+
+
 def run(config: TraceConfig) -> None:
+    if config.env.name in TAU2_ENVS:
+        run_gold_replay(config)
+        return
     make_env = environment_maker(config.env)
     env = make_env()
     seeds = env.task_seeds("analysis") + env.task_seeds("eval")

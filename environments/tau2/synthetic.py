@@ -24,8 +24,10 @@ from functools import lru_cache
 from typing import Any
 
 from environments.protocol import Message
+from environments.tau2.airline_templates import AIRLINE_TEMPLATES
 from environments.tau2.package import agent_tools
-from environments.tau2.synthetic_templates import TEMPLATES, Tau2Draft, Tau2Task, Tau2Template, package_environment
+from environments.tau2.retail_templates import RETAIL_TEMPLATES
+from environments.tau2.synthetic_templates import Tau2Draft, Tau2Task, Tau2Template, package_environment
 from environments.tau2.synthetic_data import DATABASE_MODELS, empty_database
 from environments.tool_environment import Tool, ToolEnvironment, broken_message
 
@@ -34,6 +36,7 @@ TRAIN_SEED_OFFSET = 3_000_000
 STATE_ONLY_REWARD = 0.3
 MAX_ANSWERS = 5  # questions the scripted user answers before any reply ends the episode
 CONFIRMATION = "Yes, please go ahead."
+TEMPLATES = {"airline": AIRLINE_TEMPLATES, "retail": RETAIL_TEMPLATES}  # domain -> capability -> template
 
 
 def tau2_template(domain: str, capability: str) -> Tau2Template:

@@ -1,4 +1,4 @@
-"""Templates of synthetic capability environments on the τ²-bench airline and retail targets: the shared machinery and the registries.
+"""Templates of synthetic capability environments on the τ²-bench airline and retail targets: the shared machinery.
 
 A template builds one task on a :class:`Tau2Draft` at a difficulty (1-3;
 higher = more records, distractors or steps) and returns the user's request,
@@ -15,10 +15,8 @@ This module holds what the templates share: the facts the final reply must
 report (:class:`Fact` and its helpers), :class:`Tau2Task`, :class:`Tau2Draft`,
 :class:`Tau2Template`, the multi-step :class:`Action` with the confirmation
 helpers, and the capability descriptions. The templates themselves are in
-``airline_templates.py`` and ``retail_templates.py``; the registries
-``AIRLINE_TEMPLATES``, ``RETAIL_TEMPLATES`` and ``TEMPLATES`` (domain ->
-capability -> template) are read from here, loaded from those modules on
-first use.
+``airline_templates.py`` (``AIRLINE_TEMPLATES``) and ``retail_templates.py``
+(``RETAIL_TEMPLATES``).
 """
 
 from __future__ import annotations
@@ -238,27 +236,3 @@ DESCRIPTIONS = {
 
 def _templates(builders: dict[str, Callable[[Tau2Draft, int], str]]) -> dict[str, Tau2Template]:
     return {name: Tau2Template(name, DESCRIPTIONS[name], build) for name, build in builders.items()}
-
-
-# -- the registries -----------------------------------------------------------------------------------
-# The domain modules build their templates with the machinery above, so this module imports them when a
-# registry is first asked for (a module __getattr__), not while it loads: either side can be imported first.
-AIRLINE_TEMPLATES: dict[str, Tau2Template]  # capability -> airline template
-RETAIL_TEMPLATES: dict[str, Tau2Template]  # capability -> retail template
-TEMPLATES: dict[str, dict[str, Tau2Template]]  # domain -> capability -> template
-
-
-def __getattr__(name: str) -> Any:
-    """The registry ``name``, loaded from the domain modules on first use (then an ordinary module attribute)."""
-    if name not in ("AIRLINE_TEMPLATES", "RETAIL_TEMPLATES", "TEMPLATES"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from environments.tau2.airline_templates import AIRLINE_TEMPLATES
-    from environments.tau2.retail_templates import RETAIL_TEMPLATES
-
-    loaded = {
-        "AIRLINE_TEMPLATES": AIRLINE_TEMPLATES,
-        "RETAIL_TEMPLATES": RETAIL_TEMPLATES,
-        "TEMPLATES": {"airline": AIRLINE_TEMPLATES, "retail": RETAIL_TEMPLATES},
-    }
-    globals().update(loaded)
-    return loaded[name]

@@ -12,6 +12,7 @@ from tests.test_identify import device_episode
 from trace_ray.cli import compose_config, main
 from trace_ray.commands import collect
 from trace_ray.run_manifest import MANIFEST
+from trace_ray.run_storage import RunStorage
 from trace_ray.trajectory_store import TrajectoryStore
 
 MINIMAL = [
@@ -106,6 +107,7 @@ def test_an_interrupted_training_stage_resumes_from_its_checkpoint(finished_run,
         (["model=smollm2_135m"], "was produced with model=tiny_random, not model=smollm2_135m"),
         (["pipeline.stages=[route]"], "stage route needs baseline done first"),
         (["pipeline.stages=[deploy]"], "pipeline.stages names ['deploy']"),
+        (["pipeline.storage_path=nope://bucket/run"], "pipeline.storage_path=nope://bucket/run cannot be opened (Unrecognized filesystem"),
     ],
 )
 def test_bad_inputs_are_one_line_errors_and_overwrite_nothing(tmp_path, capsys, overrides, message):
@@ -115,6 +117,23 @@ def test_bad_inputs_are_one_line_errors_and_overwrite_nothing(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert (tmp_path / MANIFEST).read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST]
+
+
+def test_a_stored_run_is_pulled_into_an_empty_run_dir_and_each_rerun_stage_is_pushed(finished_run, tmp_path, capsys):
+    store = tmp_path / "store"
+    storage = RunStorage(f"file://{store}", finished_run)
+    assert storage.push() > 0 and storage.push() == 0  # a second push has nothing new to copy
+    fresh, uri = tmp_path / "fresh", f"pipeline.storage_path=file://{store}"
+    capsys.readouterr()
+    assert main(["pipeline", f"run_dir={fresh}", *MINIMAL, uri]) == 0  # e.g. another machine picks the run up
+    out = capsys.readouterr().out
+    assert "pulled the stored run" in out and out.count("up to date, skipped") == 7
+    assert (fresh / "eval" / "report.json").read_bytes() == (finished_run / "eval" / "report.json").read_bytes()
+    before = stages_of(store)["evaluate"]
+    assert main(["pipeline", f"run_dir={fresh}", *MINIMAL, uri, "evaluate.confidence=0.9"]) == 0
+    assert (store / MANIFEST).read_text() == (fresh / MANIFEST).read_text()
+    assert stages_of(store)["evaluate"]["started"] != before["started"]
+    assert (store / "eval" / "report.json").read_bytes() == (fresh / "eval" / "report.json").read_bytes()
 
 
 def test_an_unreachable_cluster_is_a_one_line_error(tmp_path):

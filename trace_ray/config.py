@@ -276,6 +276,7 @@ class PipelineConfig:
     collect_limit: Optional[int] = None  # analysis tasks collected (null: the whole split)
     eval_limit: Optional[int] = None  # eval tasks routed and evaluated (null: the whole split)
     max_capabilities: Optional[int] = None  # synthesize and train only the most covered ones (null: every selected one)
+    storage_path: Optional[str] = None  # mirror run_dir there after each stage (a path or s3://, gs://, hdfs:// URI)
 
 
 @dataclass

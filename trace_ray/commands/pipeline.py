@@ -33,6 +33,7 @@ from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.errors import TraceRayError
 from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
+from trace_ray.run_storage import RunStorage
 from trace_ray.training.training_log import rollouts_spent
 
 HELP = "run TRACE end to end (collect, identify, synthesize, train, baseline, route, evaluate) with a manifest; reruns skip finished stages"
@@ -162,6 +163,9 @@ def reuse(stage: Stage, stage_fingerprint: str, sources: list[Path], run_dir: Pa
 def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
     run_dir = Path(config.run_dir)
     stages = selected_stages(config)
+    storage = RunStorage(config.pipeline.storage_path, run_dir) if config.pipeline.storage_path else None
+    if storage and storage.pull():
+        console.print(f"pulled the stored run from {storage.uri} into {run_dir}")
     manifest = RunManifest(run_dir, {"model": config.model.name, "env": config.env.name})
     for stage in stages:
         index = STAGE_NAMES.index(stage.name)
@@ -175,6 +179,8 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
         if copied:
             manifest.data["stages"][stage.name] = copied
             manifest.save()
+            if storage:
+                storage.push()
             console.print(f"{stage.name}: reused from {copied['reused_from']}")
             continue
         resumed = manifest.entry(stage.name).get("status") == "running"
@@ -191,7 +197,9 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
                 manifest.fail(stage.name, f"{type(exc).__name__}: {exc}")
             raise
         manifest.finish(stage.name, tree_hash(run_dir, stage.outputs(config, run_dir)))
-    console.print(f"manifest: {manifest.path}")
+        if storage:
+            storage.push()
+    console.print(f"manifest: {manifest.path}" + (f" (stored at {storage.uri})" if storage else ""))
 
 
 def run(config: TraceConfig) -> None:
@@ -228,7 +236,9 @@ def run_sweep(configs: list[TraceConfig]) -> None:
         name = job_name(config, configs)
         run_dir = root / name
         console.rule(f"[bold]sweep job {name}[/bold]")
-        run_pipeline(dataclasses.replace(config, run_dir=str(run_dir)), reuse_from=finished)
+        storage = config.pipeline.storage_path and f"{config.pipeline.storage_path.rstrip('/')}/{name}"
+        job = _replace(config, run_dir=str(run_dir), pipeline__storage_path=storage)
+        run_pipeline(job, reuse_from=finished)
         finished.append(run_dir)
         rows.append((name, *sweep_figures(run_dir)))
     header = ["job", "base", "TRACE (logit)", "oracle router", "GRPO on target"]

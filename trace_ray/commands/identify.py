@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from environments.synthetic.factory import target_templates
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.capabilities import plots
 from trace_ray.capabilities.agreement import agreement
@@ -86,7 +87,7 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
         return runs, read_candidates(folder)
     if config.labeler.name == "llm":
         return llm_runs(config, trajectories, folder)
-    from trace_ray.capabilities.rules import CATALOGUE, label_trajectories
+    from trace_ray.capabilities.rules import label_trajectories
 
     env = environment_maker(config.env)()
     names = env.capability_detectors()
@@ -106,11 +107,22 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
     evidence = {task_id: env.capability_evidence(seed) for task_id, seed in seeds.items()}
     labels = label_trajectories(trajectories, evidence, names)
     runs = subsample_runs(trajectories, labels, config.labeler.runs, config.labeler.subsample_fraction, config.seed)
-    descriptions = {name: CATALOGUE[name].description for name in names}
+    descriptions = rule_descriptions(config.env.name, names)
     write_labels(folder, runs, candidates_document(descriptions, labels), manifest)
     save_trajectory_labels(folder.parent, "rules", labels)
     console.print(f"labeled {len(trajectories)} trajectories x {len(names)} capabilities in {len(runs)} runs: {folder}")
     return runs, descriptions
+
+
+def rule_descriptions(target: str, names: list[str]) -> dict[str, str]:
+    """Each capability's description in the target's own words where its synthetic templates have them, else the catalogue's.
+
+    The descriptions reach the agent (the logit router's options, the prompt-injection baseline).
+    """
+    from trace_ray.capabilities.rules import CATALOGUE
+
+    templates = target_templates(target)
+    return {name: templates[name].description if name in templates else CATALOGUE[name].description for name in names}
 
 
 def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) -> tuple[list[RunFile], dict[str, str]]:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+LOG_COLUMNS = 160
+
+# a terminal's own width; logs (pipes, Ray job logs) get 160 columns unless COLUMNS says otherwise,
+# so the report tables are not squeezed to rich's default 80
+console = Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=LOG_COLUMNS)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

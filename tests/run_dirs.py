@@ -1,4 +1,5 @@
-"""Run directories for tests and benchmarks: READY capabilities with template environments and trained-looking adapters."""
+"""Run directories for tests and benchmarks: played episodes as trajectory rows; READY capabilities with template environments
+and trained-looking adapters."""
 
 import json
 from pathlib import Path
@@ -7,6 +8,29 @@ import torch
 
 from trace_ray.cli import compose_config
 from trace_ray.training.lora_model import export_adapter, trainable_model
+
+
+def played_episode(env, seed: int, follow_oracle: bool) -> tuple[list[dict], object, object]:
+    """A finished episode of ``env``: the oracle's, or an agent that replies at once; (messages, reset result, last step)."""
+    reset = env.reset(seed)
+    messages = list(reset.messages)
+    while True:
+        message = env.oracle_message() if follow_oracle else {"role": "assistant", "content": "Done."}
+        step = env.step(message)
+        messages += [message, *step.messages]
+        if step.done:
+            return messages, reset, step
+
+
+def episode_row(env_name: str, seed: int, sample_index: int, messages: list[dict], reset, step) -> dict:
+    """A played episode as a row of the collect stage's trajectory store (analysis split, tiny model)."""
+    return {
+        "task_id": reset.info["task_id"], "family": reset.info["family"], "split": "analysis", "seed": seed,
+        "sample_index": sample_index, "env": env_name, "model": "tiny_random", "adapter_name": None, "adapter_version": None,
+        "messages": json.dumps(messages), "tools": json.dumps(reset.tools), "tool_calls": [], "token_ids": [1], "action_mask": [0],
+        "logprobs": [0.0], "reward": step.reward, "success": step.info["success"], "reward_info": json.dumps(step.info, default=str),
+        "termination": "agent_reply", "turns": 1, "generated_tokens": 0, "seconds": 0.1, "finished_at": 0.0,
+    }
 
 
 def write_capability_run(run_dir: Path, names: list[str], model: str = "tiny_random", scale: float = 0.5) -> None:

@@ -6,6 +6,7 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
+from tests.run_dirs import episode_row, played_episode
 from trace_ray.capabilities.run_files import RunFile, write_run_file
 from trace_ray.cli import main
 from trace_ray.trajectory_store import TrajectoryStore
@@ -126,32 +127,11 @@ def test_k_above_the_number_of_runs_is_refused(run_dir, capsys):
     assert "k=3 exceeds the number of runs (2)" in capsys.readouterr().err
 
 
-def device_episode(seed, follow_oracle):
-    """A finished device episode as a trajectory row: the oracle's, or an agent that replies at once."""
+def write_device_trajectories(run_dir, seeds, follow_oracle):
     from environments.device.environment import DeviceEnvironment
 
     env = DeviceEnvironment()
-    reset = env.reset(seed)
-    messages = list(reset.messages)
-    while True:
-        message = env.oracle_message() if follow_oracle else {"role": "assistant", "content": "Done."}
-        step = env.step(message)
-        messages += [message, *step.messages]
-        if step.done:
-            return messages, step
-
-
-def write_device_trajectories(run_dir, seeds, follow_oracle):
-    rows = []
-    for seed in seeds:
-        messages, step = device_episode(seed, follow_oracle)
-        rows.append({
-            "task_id": f"device-{seed}", "family": step.info["family"], "split": "analysis", "seed": seed, "sample_index": 0,
-            "env": "device", "model": "tiny_random", "adapter_name": None, "adapter_version": None,
-            "messages": json.dumps(messages), "tools": "[]", "tool_calls": [], "token_ids": [1], "action_mask": [0],
-            "logprobs": [0.0], "reward": step.reward, "success": step.info["success"], "reward_info": json.dumps(step.info),
-            "termination": "agent_reply", "turns": 1, "generated_tokens": 0, "seconds": 0.1, "finished_at": 0.0,
-        })
+    rows = [episode_row("device", seed, 0, *played_episode(env, seed, follow_oracle)) for seed in seeds]
     TrajectoryStore(run_dir, MANIFEST).write_shard(rows)
 
 

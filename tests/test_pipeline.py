@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.test_identify import device_episode
+from tests.run_dirs import episode_row, played_episode
 from trace_ray.cli import compose_config, main
 from trace_ray.commands import collect
 from trace_ray.run_manifest import MANIFEST
@@ -25,26 +25,19 @@ MINIMAL = [
 ]
 
 
-def seed_collection(run_dir, overrides=()):
-    """The collect stage's episodes, already on disk: per analysis task the oracle's (a success) and a
-    do-nothing reply (a failure), since the tiny random model never succeeds and identification needs both."""
-    config = compose_config("pipeline", [*MINIMAL, *overrides])
-    config = dataclasses.replace(config, split="analysis")
-    manifest = collect.collection_manifest(config)
+def seed_collection(run_dir, overrides=(), env=None):
+    """The collect stage's episodes, already on disk: per analysis task of ``env`` (default the device) the oracle's
+    (a success) and a do-nothing reply (a failure), since the tiny random model never succeeds and identification needs both."""
     from environments.device.environment import DeviceEnvironment
 
-    rows = []
-    for seed in DeviceEnvironment().task_seeds("analysis")[:8]:
-        for sample, follow_oracle in ((0, True), (1, False)):
-            messages, step = device_episode(seed, follow_oracle)
-            rows.append({
-                "task_id": f"device-{seed}", "family": step.info["family"], "split": "analysis", "seed": seed,
-                "sample_index": sample, "env": "device", "model": "tiny_random", "adapter_name": None, "adapter_version": None,
-                "messages": json.dumps(messages), "tools": "[]", "tool_calls": [], "token_ids": [1], "action_mask": [0],
-                "logprobs": [0.0], "reward": step.reward, "success": step.info["success"], "reward_info": json.dumps(step.info),
-                "termination": "agent_reply", "turns": 1, "generated_tokens": 0, "seconds": 0.1, "finished_at": 0.0,
-            })
-    TrajectoryStore(run_dir, manifest).write_shard(rows)
+    config = dataclasses.replace(compose_config("pipeline", [*MINIMAL, *overrides]), split="analysis")
+    env = env or DeviceEnvironment()
+    rows = [
+        episode_row(config.env.name, seed, sample, *played_episode(env, seed, follow_oracle))
+        for seed in env.task_seeds("analysis")[:8] for sample, follow_oracle in ((0, True), (1, False))
+    ]
+    assert {row["success"] for row in rows} == {True, False}
+    TrajectoryStore(run_dir, collect.collection_manifest(config)).write_shard(rows)
 
 
 def stages_of(run_dir):

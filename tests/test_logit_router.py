@@ -6,7 +6,7 @@ import torch
 
 from trace_ray.capabilities.llm_labeler import CUT_MARKER, cut_middle
 from trace_ray.routing import BASE, LogitRouter, RouteOption, decide, label_tokens, routing_messages
-from trace_ray.routing.logit_router import ANSWER_PREFIX, BASE_DESCRIPTION
+from trace_ray.routing.logit_router import ANSWER_PREFIX, BASE_DESCRIPTION, options_block, task_block
 
 OPTIONS = [
     RouteOption(
@@ -126,7 +126,7 @@ def test_the_router_picks_the_option_whose_label_wins(tiny_model, favoured_label
     token = dict(label_tokens(tokenizer, 3))[favoured_label]
     fake = FakeModel(len(tokenizer), token)
     fake.train()
-    router = LogitRouter(fake, tokenizer, OPTIONS)
+    router = LogitRouter(fake, tokenizer, OPTIONS, reuse_prefix=False)  # whole prompts: one call per decision
     decision = router.route(observation("Remind me to call mum in two hours."))
     assert decision.choice == expected
     assert list(decision.scores) == ["datetime_reasoning", "error_recovery", BASE]
@@ -144,7 +144,7 @@ def test_the_router_picks_the_option_whose_label_wins(tiny_model, favoured_label
 def test_route_many_left_pads_and_sends_batches(tiny_model):
     _, tokenizer = tiny_model
     fake = FakeModel(len(tokenizer), dict(label_tokens(tokenizer, 3))["B"])
-    router = LogitRouter(fake, tokenizer, OPTIONS, batch_size=2)
+    router = LogitRouter(fake, tokenizer, OPTIONS, batch_size=2, reuse_prefix=False)
     decisions = router.route_many([observation("Hi."), observation("A much longer request " * 10), observation("x")])
     assert [d.choice for d in decisions] == ["error_recovery"] * 3
     assert [call["input_ids"].shape[0] for call in fake.calls] == [2, 1]
@@ -161,7 +161,7 @@ def test_base_cannot_be_passed_as_a_capability(tiny_model):
 
 
 # -- the prompt -------------------------------------------------------------------------------
-def test_the_prompt_lists_task_options_truncated_examples_and_base():
+def test_the_prompt_lists_options_then_task_with_truncated_examples_and_base():
     policy = "You are a phone assistant. " + "Always confirm before sending. " * 100
     messages = routing_messages(observation("Text Bob that I am late.", policy=policy), OPTIONS, max_example_chars=300)
     assert [m["role"] for m in messages] == ["system", "user"]
@@ -180,6 +180,8 @@ def test_the_prompt_lists_task_options_truncated_examples_and_base():
     assert "\n   ".join(head.splitlines()) in text and tail.strip() in text
     assert "Sent it. " * 40 not in text
     assert text.endswith("Answer with the letter of one option (A, B or C) only.")
+    assert text.index("Options:\nA. ") < text.index("C. base") < text.index("\n\nTask\n")  # options first, then the task
+    assert text.startswith(options_block(OPTIONS, 300)) and text.endswith(task_block(observation("Text Bob that I am late.", policy=policy), 3))
 
 
 def test_the_prompt_needs_a_user_message():
@@ -222,6 +224,81 @@ def test_route_many_equals_route_one_by_one(tiny_model):
         for name in router.names:
             assert batched.scores[name] == pytest.approx(alone.scores[name], abs=1e-4)
 
+
+
+class CountingModel(torch.nn.Module):
+    """The model, recording each forward pass's new tokens and the cached tokens before them."""
+
+    def __init__(self, network):
+        super().__init__()
+        self.network, self.calls = network, []
+
+    def forward(self, input_ids, past_key_values=None, **kwargs):
+        cached = past_key_values.get_seq_length() if past_key_values is not None else 0
+        self.calls.append((input_ids.shape[0], input_ids.shape[1], cached))
+        return self.network(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
+
+
+TASKS = [
+    observation("Remind me to water the plants in 3 hours."),
+    observation("Send a message to Alice saying hello, and if it fails try again. " * 3),
+    observation("What time is it?", policy="Be brief."),
+]
+
+
+def test_the_shared_head_runs_once_and_later_decisions_run_their_task_tokens_only(tiny_model):
+    network, tokenizer = tiny_model
+    counting = CountingModel(network)
+    router = LogitRouter(counting, tokenizer, OPTIONS)
+    whole = LogitRouter(network, tokenizer, OPTIONS, reuse_prefix=False)
+    shared = len(router.prefix_ids)
+    prompts = [router.prompt_ids(task) for task in TASKS]
+    assert prompts == [whole.prompt_ids(task) for task in TASKS]  # the same tokens as without reuse
+    assert all(prompt[:shared] == router.prefix_ids for prompt in prompts) and shared > len(prompts[0]) // 2
+    assert tokenizer.decode(router.prefix_ids).rstrip().endswith(f"C. {BASE}: {BASE_DESCRIPTION}")
+    for task, prompt in zip(TASKS, prompts):
+        decision, reference = router.route(task), whole.route(task)
+        assert decision.choice == reference.choice
+        assert decision.scores == pytest.approx(reference.scores, abs=1e-4)
+    assert counting.calls == [(1, shared, 0)] + [(1, len(prompt) - shared, shared) for prompt in prompts]
+    counting.calls.clear()
+    batched = router.route_many(TASKS)  # one left-padded batch of tails after the head
+    assert counting.calls == [(3, max(len(prompt) for prompt in prompts) - shared, shared)]
+    for decision, task in zip(batched, TASKS):
+        assert decision.scores == pytest.approx(whole.route(task).scores, abs=1e-4)
+
+
+def test_prompts_without_the_shared_head_run_whole(tiny_model):
+    network, tokenizer = tiny_model
+    counting = CountingModel(network)
+    router = LogitRouter(counting, tokenizer, OPTIONS)
+    other = LogitRouter(network, tokenizer, OPTIONS[:1]).prompt_ids(TASKS[0])  # other options: another head
+    mixed = [other, router.prompt_ids(TASKS[1])]
+    logits = router.label_logits(mixed)
+    assert counting.calls == [(2, max(len(prompt) for prompt in mixed), 0)]
+    for row, prompt in zip(logits, mixed):
+        assert row.tolist() == pytest.approx(router.label_logits([prompt])[0].tolist(), abs=1e-4)
+
+
+def test_the_router_scores_a_peft_model_with_its_adapters_disabled(tiny_model):
+    from trace_ray.cli import compose_config
+    from trace_ray.training.lora_model import trainable_model
+
+    network, tokenizer = tiny_model
+    config = compose_config("train", ["model=tiny_random", "lora.rank=4", "lora.alpha=8"])
+    peft_model, _ = trainable_model(config.model, config.lora, seed=3)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    task = TASKS[0]
+    with torch.no_grad():  # the adapter changes the model's logits ...
+        ids = torch.tensor([LogitRouter(network, tokenizer, OPTIONS).prompt_ids(task)])
+        assert not torch.allclose(peft_model(input_ids=ids).logits[0, -1], network(input_ids=ids).logits[0, -1], atol=1e-3)
+    routed = LogitRouter(peft_model, tokenizer, OPTIONS)
+    for _ in range(2):  # ... but not the router's scores, from the head's cache or after it
+        assert routed.route(task).scores == pytest.approx(LogitRouter(network, tokenizer, OPTIONS).route(task).scores, abs=1e-4)
+    assert peft_model.training  # its mode is restored
 
 
 def test_compact_messages_is_compact_trajectory_without_its_header():

@@ -3,16 +3,16 @@
 The frozen base model reads one routing prompt per task::
 
     system: You choose the skill that helps an AI agent with a task. ...
-    user:   Task
-            Policy (shortened): <the episode's system policy, first POLICY_CHARS characters>
-            User request: <the episode's first user message>
-
-            Options:
+    user:   Options:
             A. <name>: <description>
                example:
                <one successful trajectory of its synthetic environment, compacted, indented>
             B. ...
             C. base: none of these: answer with the base model
+
+            Task
+            Policy (shortened): <the episode's system policy, first POLICY_CHARS characters>
+            User request: <the episode's first user message>
 
             Answer with the letter of one option (A, B or C) only.
     assistant: Answer:
@@ -23,14 +23,23 @@ Each option's label is the single token of `` A``, `` B``, ... (with the
 leading space, which is how the label follows ``Answer:``); the label token
 with the highest next-token logit at the last position wins. Every option's
 logit and the softmax over them are kept.
+
+The options come before the task, so every task's prompt starts with the same
+tokens (the instruction and the options with their examples, most of the
+prompt). The router computes that prefix's keys and values once and each
+decision runs the model over the task's tokens only. The paper's prompt puts
+the task first; this order reads the same options and task, and saves the
+longer half of every routing prefill (``benchmarks/serve_latency.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import string
 import textwrap
+import threading
 from dataclasses import dataclass
 import torch
 
@@ -38,7 +47,7 @@ from trace_ray.capabilities.llm_labeler import compact_messages, cut_middle
 
 __all__ = [
     "ANSWER_PREFIX", "BASE", "BASE_OPTION", "LogitRouter", "RouteDecision", "RouteOption",
-    "compact_messages", "decide", "label_tokens", "routing_messages",
+    "compact_messages", "decide", "label_tokens", "options_block", "routing_messages", "task_block",
 ]
 
 BASE = "base"
@@ -121,29 +130,15 @@ def _either(labels: list[str]) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " or " + labels[-1]
 
 
-def routing_messages(first_observation: list[dict], options: list[RouteOption], max_example_chars: int = 1500) -> list[dict]:
-    """The routing prompt as chat messages (system instruction, user message listing task and options).
+def options_block(options: list[RouteOption], max_example_chars: int = 1500) -> str:
+    """The options, labelled A, B, ... (base last unless one named :data:`BASE` is given), each example cut in the middle.
 
-    ``first_observation`` is an episode's first messages (system policy + first
-    user message). ``options`` are shown in order, labelled A, B, ...; the
-    base option is appended last unless one named :data:`BASE` is given. Each
-    example is cut in the middle to ``max_example_chars``.
+    The same for every task: the routing prompt's shared head (see the module's docstring).
     """
-    messages = [m for m in first_observation if isinstance(m, dict)]
-    policy = next((_content(m) for m in messages if m.get("role") == "system"), "").strip()
-    request = next((_content(m) for m in messages if m.get("role") == "user"), None)
-    if request is None:
-        raise ValueError("the first observation has no user message; route an episode's first messages (system + user)")
     options = _with_base(options)
     if len(options) > len(LABELS):
         raise ValueError(f"the logit router labels at most {len(LABELS)} options (base included), not {len(options)}")
-    if len(policy) > POLICY_CHARS:
-        policy = policy[:POLICY_CHARS].rstrip() + " [...]"
-    task = ["Task"]
-    if policy:
-        task.append(f"Policy (shortened): {policy}")
-    task.append(f"User request: {cut_middle(request.strip(), REQUEST_CHARS)}")
-    lines = ["\n".join(task), "", "Options:"]
+    lines = ["Options:"]
     for label, option in zip(LABELS, options):
         if option.name == BASE:
             lines.append(f"{label}. {BASE}: {BASE_DESCRIPTION}")
@@ -151,8 +146,37 @@ def routing_messages(first_observation: list[dict], options: list[RouteOption], 
         lines.append(f"{label}. {option.name}: {option.description.strip()}")
         example = cut_middle(option.example.strip(), max_example_chars)
         lines.append("   example:" + ("\n" + textwrap.indent(example, "   ") if example else " (none)"))
-    lines += ["", f"Answer with the letter of one option ({_either(list(LABELS[:len(options)]))}) only."]
-    return [{"role": "system", "content": ROUTING_SYSTEM}, {"role": "user", "content": "\n".join(lines)}]
+    return "\n".join(lines) + "\n\n"
+
+
+def task_block(first_observation: list[dict], option_count: int) -> str:
+    """The task (shortened policy and the user's request) and the answer instruction: the routing prompt's tail."""
+    messages = [m for m in first_observation if isinstance(m, dict)]
+    policy = next((_content(m) for m in messages if m.get("role") == "system"), "").strip()
+    request = next((_content(m) for m in messages if m.get("role") == "user"), None)
+    if request is None:
+        raise ValueError("the first observation has no user message; route an episode's first messages (system + user)")
+    if len(policy) > POLICY_CHARS:
+        policy = policy[:POLICY_CHARS].rstrip() + " [...]"
+    lines = ["Task"]
+    if policy:
+        lines.append(f"Policy (shortened): {policy}")
+    lines.append(f"User request: {cut_middle(request.strip(), REQUEST_CHARS)}")
+    lines += ["", f"Answer with the letter of one option ({_either(list(LABELS[:option_count]))}) only."]
+    return "\n".join(lines)
+
+
+def routing_messages(first_observation: list[dict], options: list[RouteOption], max_example_chars: int = 1500) -> list[dict]:
+    """The routing prompt as chat messages: the system instruction, then one user message of options and task.
+
+    ``first_observation`` is an episode's first messages (system policy + first
+    user message). ``options`` are shown in order, labelled A, B, ...; the
+    base option is appended last unless one named :data:`BASE` is given. Each
+    example is cut in the middle to ``max_example_chars``.
+    """
+    head = options_block(options, max_example_chars)
+    tail = task_block(first_observation, len(_with_base(options)))
+    return [{"role": "system", "content": ROUTING_SYSTEM}, {"role": "user", "content": head + tail}]
 
 
 # -- the decision -----------------------------------------------------------------------------
@@ -183,10 +207,16 @@ class LogitRouter:
     """Routes a task with one forward pass of the frozen base model over its routing prompt.
 
     ``options`` are the capabilities (no base option: the router appends it
-    last). A PEFT model is run with its adapters disabled.
+    last). A PEFT model is run with its adapters disabled. With
+    ``reuse_prefix`` (the default) the prompt's shared head (instruction and
+    options) is run once, on the first decision, and its keys and values are
+    reused by every later one; the model must stay frozen meanwhile.
     """
 
-    def __init__(self, model, tokenizer, options: list[RouteOption], max_example_chars: int = 1500, batch_size: int = 8):
+    def __init__(
+        self, model, tokenizer, options: list[RouteOption], max_example_chars: int = 1500, batch_size: int = 8,
+        reuse_prefix: bool = True,
+    ):
         if any(option.name == BASE for option in options):
             raise ValueError(f"pass the capabilities only: the router appends the {BASE!r} option itself")
         self.model = model
@@ -198,6 +228,9 @@ class LogitRouter:
         self.answer_ids = list(tokenizer.encode(ANSWER_PREFIX, add_special_tokens=False))
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
+        self.prefix_ids = self._shared_prefix() if reuse_prefix else []  # the tokens every routing prompt starts with
+        self._prefix_cache = None  # the model's keys and values over prefix_ids, made on first use
+        self._prefix_lock = threading.Lock()
 
     @property
     def names(self) -> list[str]:
@@ -206,13 +239,33 @@ class LogitRouter:
     def messages(self, first_observation: list[dict]) -> list[dict]:
         return routing_messages(first_observation, self.options, self.max_example_chars)
 
+    def _render(self, first_observation: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(self.messages(first_observation), add_generation_prompt=True, tokenize=False)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _shared_prefix(self) -> list[int]:
+        """The tokens every routing prompt starts with: the rendered head up to the options' end, as it tokenizes in a prompt.
+
+        The head's last tokens may merge with the task's first ones, so only
+        the tokens the head alone shares with a whole prompt count. Empty when
+        the chat template does not keep the options at the head.
+        """
+        rendered = self._render([{"role": "user", "content": "-"}])
+        options = options_block(self.options, self.max_example_chars)
+        end = rendered.find(options)
+        if end < 0:
+            return []
+        head, whole = self._encode(rendered[:end + len(options)]), self._encode(rendered)
+        shared = 0
+        while shared < min(len(head), len(whole)) and head[shared] == whole[shared]:
+            shared += 1
+        return whole[:shared]
+
     def prompt_ids(self, first_observation: list[dict]) -> list[int]:
         """The routing prompt's tokens: the chat template with the generation prompt, then ``Answer:``."""
-        encoded = self.tokenizer.apply_chat_template(
-            self.messages(first_observation), add_generation_prompt=True, tokenize=True
-        )
-        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-        return list(ids) + self.answer_ids
+        return self._encode(self._render(first_observation)) + self.answer_ids
 
     def _device(self) -> torch.device:
         device = getattr(self.model, "device", None)
@@ -221,32 +274,64 @@ class LogitRouter:
         parameter = next(iter(self.model.parameters()), None) if hasattr(self.model, "parameters") else None
         return parameter.device if parameter is not None else torch.device("cpu")
 
-    @torch.no_grad()
-    def label_logits(self, prompts: list[list[int]]) -> torch.Tensor:
-        """[len(prompts), options] logits of the label tokens after each prompt (one left-padded forward pass)."""
-        device = self._device()
-        width = max(len(prompt) for prompt in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt):] = 1
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    @contextlib.contextmanager
+    def _frozen_base(self):
+        """The model in eval mode with its adapters disabled; its mode is restored after."""
         disable = getattr(self.model, "disable_adapter", None)
         was_training = bool(getattr(self.model, "training", False))
         self.model.eval()
         try:
             with disable() if callable(disable) else contextlib.nullcontext():
-                output = self.model(
-                    input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                    position_ids=position_ids.to(device), use_cache=False, logits_to_keep=1,
-                )
+                yield
         finally:
             if was_training:
                 self.model.train()
-        last = output.logits[:, -1, :].float()
+
+    def _shares_prefix(self, prompts: list[list[int]]) -> bool:
+        size = len(self.prefix_ids)
+        return size > 0 and all(len(prompt) > size and prompt[:size] == self.prefix_ids for prompt in prompts)
+
+    @torch.no_grad()
+    def label_logits(self, prompts: list[list[int]]) -> torch.Tensor:
+        """[len(prompts), options] logits of the label tokens after each prompt (one forward pass).
+
+        Prompts that all start with the shared head run over their own tokens
+        only, after the head's cached keys and values; others run whole.
+        """
+        with self._frozen_base():
+            if self._shares_prefix(prompts):
+                last = self._last_logits_after_prefix([prompt[len(self.prefix_ids):] for prompt in prompts])
+            else:
+                last = self._last_logits(prompts, past=None)
         label_ids = torch.tensor([token for _, token in self.labels], device=last.device)
-        return last.index_select(1, label_ids).cpu()
+        return last.float().index_select(1, label_ids).cpu()
+
+    def _last_logits(self, prompts: list[list[int]], past) -> torch.Tensor:
+        """The next-token logits after each prompt, left-padded; after ``past`` (keys and values of ``past_length`` tokens) if given."""
+        device = self._device()
+        past_length = past.get_seq_length() if past is not None else 0
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), past_length + width), dtype=torch.long)
+        attention_mask[:, :past_length] = 1
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, past_length + width - len(prompt):] = 1
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)[:, past_length:]
+        output = self.model(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), position_ids=position_ids.to(device),
+            past_key_values=past, use_cache=past is not None, logits_to_keep=1,
+        )
+        return output.logits[:, -1, :]
+
+    def _last_logits_after_prefix(self, tails: list[list[int]]) -> torch.Tensor:
+        with self._prefix_lock:
+            if self._prefix_cache is None:
+                prefix = torch.tensor([self.prefix_ids], dtype=torch.long, device=self._device())
+                self._prefix_cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+        past = copy.deepcopy(self._prefix_cache)  # the forward pass appends the tails' keys and values to it
+        past.batch_repeat_interleave(len(tails))
+        return self._last_logits(tails, past)
 
     def _decision(self, row: torch.Tensor) -> RouteDecision:
         return decide(dict(zip(self.names, row.tolist())))
@@ -263,4 +348,3 @@ class LogitRouter:
             logits = self.label_logits(prompts[start:start + self.batch_size])
             decisions += [self._decision(row) for row in logits]
         return decisions
-

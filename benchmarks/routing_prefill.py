@@ -4,8 +4,8 @@ Builds ``router=logit`` over a run directory's adapters as ``trace-ray serve``
 does (``--run-dir``; default: a temporary run with two capability adapters,
 their descriptions and template environments, as ``serve_latency.py`` makes)
 and routes the first observations of device eval tasks with two routers on
-the same model: one reusing the options' cached head (the product path) and
-one with ``reuse_prefix=False``. Two rounds: ``one at a time`` (a new
+the same model: one reusing the cached head of its prompts (the options and
+the task's policy: the product path) and one with ``reuse_prefix=False``. Two rounds: ``one at a time`` (a new
 conversation's decision, as the Serve router makes it) and ``batched``
 (``route_many``, as ``trace-ray route`` and ``evaluate`` do). Prints the
 prompt's shared and per-task tokens, p50 per decision, the ratio whole /
@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> None:
         reused = logit_router(config, model, tokenizer, adapters)
     whole = LogitRouter(model, tokenizer, reused.options[:-1], reused.max_example_chars, reuse_prefix=False)
     observations = [request["messages"] for request in device_requests(args.tasks, 1)]
-    prompts = [reused.prompt_ids(observation) for observation in observations]
-    shared = len(reused.prefix_ids)
+    prompts = [reused.prompt(observation) for observation in observations]
     print(f"settings: model={config.model.name}, {len(adapters)} adapters + base, {len(observations)} device tasks, "
-          f"prompt {statistics.mean(map(len, prompts)):.0f} tokens on average, {shared} of them the shared head, "
-          f"{os.cpu_count()} cores", flush=True)
+          f"prompt {statistics.mean(len(ids) for ids, _ in prompts):.0f} tokens on average, "
+          f"{statistics.mean(head for _, head in prompts):.0f} of them the head (options + policy), "
+          f"{len({tuple(ids[:head]) for ids, head in prompts})} distinct heads, {os.cpu_count()} cores", flush=True)
     first, _ = timed(lambda: reused.route(observations[0]))  # runs the head once
     whole.route(observations[0])  # warm-up
     rows, largest, agree = [], 0.0, True
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     print_table(
         "logit router decision time, ms", ["round", "whole prompt", "head reused", "whole / reused"], rows,
     )
-    print(f"the head's one-time run: {first * 1000:.0f} ms (the first decision, included in neither row); "
+    print(f"the first decision, with its head's run: {first * 1000:.0f} ms (in neither row); "
           f"decisions agree: {agree}; largest score difference {largest:.2e}")
 
 

@@ -13,13 +13,15 @@ policy, user request, tool schemas), greedily, ``--max-tokens`` each:
   (direct)  the LLM deployment's handle from this process, ``generate`` with the
             same checked request and the adapter the ingress answered with.
 
-Both paths generate the same tokens. Three rounds: ``first turn`` (the
+Both paths generate the same tokens. Four rounds: ``first turn`` (the
 router decides each new conversation; the ingress goes first, since the
 direct call needs its choice, so the direct call may reuse the engine's
 prefix cache: an upper bound of the overhead), ``repeated turn`` (the same
-conversations again: the decision comes from the router's cache; per task the
-paths alternate which goes first, so the caches favour neither) and
-``concurrent`` (``--concurrency`` clients at once, repeated conversations).
+conversations again: the decision comes from the ingress's cache; per task the
+paths alternate which goes first, so the caches favour neither), ``forced
+adapter`` (the same conversations naming the adapter they were routed to: the
+cost of HTTP and the ingress without routing) and ``concurrent``
+(``--concurrency`` clients at once, repeated conversations).
 Prints p50/p95 latency of each path and the router's overhead at p50,
 ingress / direct - 1 (target: under 10%).
 
@@ -111,9 +113,16 @@ class Paths:
         self.url, self.model, self.config, self.llm = url, model, config, llm
         self.adapters: dict[int, str] = {}  # task -> the adapter the ingress answered with
 
-    def ingress(self, task: int, request: dict, client: httpx.Client) -> float:
+    def ingress(self, task: int, request: dict, client: httpx.Client, forced: bool = False) -> float:
+        """One request through HTTP; ``forced`` names the adapter the task was routed to, so the router is not asked."""
+        from serve_apps.openai_chat import BASE
+
+        model = self.model
+        if forced:
+            adapter = self.adapters[task]
+            model = self.config.model.name if adapter == BASE else f"{self.config.model.name}:{adapter}"
         start = time.perf_counter()
-        response = client.post(f"{self.url}/v1/chat/completions", json={**request, "model": self.model})
+        response = client.post(f"{self.url}/v1/chat/completions", json={**request, "model": model})
         elapsed = time.perf_counter() - start
         response.raise_for_status()
         self.adapters[task] = response.json()["adapter"]
@@ -128,13 +137,13 @@ class Paths:
         self.llm.generate.remote(chat, None if adapter == BASE else adapter).result()
         return time.perf_counter() - start
 
-    def pair(self, task: int, request: dict, client: httpx.Client) -> tuple[float, float]:
+    def pair(self, task: int, request: dict, client: httpx.Client, forced: bool = False) -> tuple[float, float]:
         """(ingress s, direct s) of one task: a new conversation through the ingress first; else even tasks ingress first, odd ones direct first."""
         if task % 2 == 0 or task not in self.adapters:
-            through_ingress = self.ingress(task, request, client)
+            through_ingress = self.ingress(task, request, client, forced)
             return through_ingress, self.direct(task, request)
         direct = self.direct(task, request)
-        return self.ingress(task, request, client), direct
+        return self.ingress(task, request, client, forced), direct
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
                 for name in ("first turn", "repeated turn"):
                     timings = [paths.pair(task, request, client) for task, request in enumerate(requests)]
                     rows.append((name, [t[0] for t in timings], [t[1] for t in timings]))
+                timings = [paths.pair(task, request, client, forced=True) for task, request in enumerate(requests)]
+                rows.append(("forced adapter", [t[0] for t in timings], [t[1] for t in timings]))
             with ThreadPoolExecutor(args.concurrency) as pool, httpx.Client(timeout=600) as client:
                 timings = list(pool.map(lambda item: paths.pair(item[0], item[1], client), enumerate(requests)))
             rows.append((f"concurrent x{args.concurrency}", [t[0] for t in timings], [t[1] for t in timings]))
@@ -188,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         ["round", "ingress p50", "ingress p95", "direct p50", "direct p95", "overhead at p50", "target < 10%"], table,
     )
     print("ingress = HTTP + request checks + router (+ its decision cache) + LLM deployment; direct = the LLM deployment's handle")
-    print("first turn: the router reads each new conversation; repeated turn and concurrent: its cached decision")
+    print("first turn: the router reads each new conversation; repeated turn and concurrent: its cached decision; "
+          "forced adapter: the request names the adapter, no routing (HTTP and the ingress alone)")
 
 
 if __name__ == "__main__":

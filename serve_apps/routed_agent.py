@@ -11,7 +11,9 @@
 - ``ConversationRouter``: the run's router (``build_router``). It routes a
   conversation by its first user turn, once: HTTP is stateless, so decisions
   are kept in an LRU cache keyed by a hash of the system messages and the
-  first user message, and every later turn gets the same adapter.
+  first user message, and every later turn gets the same adapter. Each
+  ingress replica keeps the decisions it got too, so a later turn reaching
+  the same replica does not call the router.
 - ``ChatLLM``: the engine with the base model and every adapter of
   ``run_dir/adapters/``. Prompts are rendered and replies parsed by the agent
   prompt, as in collection and training, so what is served is what was trained.
@@ -181,6 +183,7 @@ class ChatIngress:
         self.api_key_digest = api_key_digest
         self.llm = llm
         self.router = router
+        self.decisions = RouteCache(config.serve.route_cache_size)  # this replica's: later turns skip the router's hop
 
     def _authorize(self, request: Request) -> None:
         if self.api_key_digest is None:
@@ -207,7 +210,11 @@ class ChatIngress:
     async def _route(self, messages: list[dict]) -> str:
         if self.router is None or first_observation(messages) is None:
             return BASE
-        return await self.router.route.remote(messages)
+        key = conversation_key(messages)
+        choice = self.decisions.get(key)
+        if choice is None:  # new to this replica: the router decides, or recalls another replica's decision
+            choice = self.decisions.put(key, await self.router.route.remote(messages))
+        return choice
 
     @api.get("/healthz")
     async def healthz(self) -> dict:

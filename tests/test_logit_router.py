@@ -246,38 +246,52 @@ TASKS = [
 ]
 
 
-def test_the_shared_head_runs_once_and_later_decisions_run_their_task_tokens_only(tiny_model):
+def test_each_policy_head_runs_once_and_later_decisions_run_their_request_tokens_only(tiny_model):
     network, tokenizer = tiny_model
     counting = CountingModel(network)
     router = LogitRouter(counting, tokenizer, OPTIONS)
     whole = LogitRouter(network, tokenizer, OPTIONS, reuse_prefix=False)
-    shared = len(router.prefix_ids)
-    prompts = [router.prompt_ids(task) for task in TASKS]
-    assert prompts == [whole.prompt_ids(task) for task in TASKS]  # the same tokens as without reuse
-    assert all(prompt[:shared] == router.prefix_ids for prompt in prompts) and shared > len(prompts[0]) // 2
-    assert tokenizer.decode(router.prefix_ids).rstrip().endswith(f"C. {BASE}: {BASE_DESCRIPTION}")
-    for task, prompt in zip(TASKS, prompts):
+    prompts = [router.prompt(task) for task in TASKS]
+    assert [ids for ids, _ in prompts] == [whole.prompt_ids(task) for task in TASKS]  # the same tokens as without reuse
+    assert whole.prompt(TASKS[0])[1] == 0  # no head without reuse
+    (first, head), (second, same), (third, other) = prompts
+    assert head == same and first[:head] == second[:head] and head > len(first) * 3 // 4  # one policy: one head, most of the prompt
+    assert other < head and third[:other] != first[:other]  # another policy: another head
+    assert tokenizer.decode(first[:head]).rstrip().endswith("Policy (shortened): " + TASKS[0][0]["content"])
+    assert tokenizer.decode(first[head:]).lstrip().startswith("User request: Remind me")
+    for task, (ids, prefix) in zip(TASKS, prompts):
         decision, reference = router.route(task), whole.route(task)
         assert decision.choice == reference.choice
         assert decision.scores == pytest.approx(reference.scores, abs=1e-4)
-    assert counting.calls == [(1, shared, 0)] + [(1, len(prompt) - shared, shared) for prompt in prompts]
+    assert counting.calls == [(1, head, 0), (1, len(first) - head, head), (1, len(second) - head, head),
+                              (1, other, 0), (1, len(third) - other, other)]
     counting.calls.clear()
-    batched = router.route_many(TASKS)  # one left-padded batch of tails after the head
-    assert counting.calls == [(3, max(len(prompt) for prompt in prompts) - shared, shared)]
+    batched = router.route_many(TASKS)  # grouped by head: one left-padded batch per policy, from the cache
+    assert counting.calls == [(2, max(len(first), len(second)) - head, head), (1, len(third) - other, other)]
     for decision, task in zip(batched, TASKS):
         assert decision.scores == pytest.approx(whole.route(task).scores, abs=1e-4)
 
 
-def test_prompts_without_the_shared_head_run_whole(tiny_model):
+def test_the_router_keeps_the_last_heads_only(tiny_model, monkeypatch):
     network, tokenizer = tiny_model
+    monkeypatch.setattr("trace_ray.routing.logit_router.PREFIX_CACHE_ENTRIES", 2)
     counting = CountingModel(network)
     router = LogitRouter(counting, tokenizer, OPTIONS)
-    other = LogitRouter(network, tokenizer, OPTIONS[:1]).prompt_ids(TASKS[0])  # other options: another head
-    mixed = [other, router.prompt_ids(TASKS[1])]
-    logits = router.label_logits(mixed)
-    assert counting.calls == [(2, max(len(prompt) for prompt in mixed), 0)]
-    for row, prompt in zip(logits, mixed):
-        assert row.tolist() == pytest.approx(router.label_logits([prompt])[0].tolist(), abs=1e-4)
+    policies = [observation("Hi.", policy=f"Policy number {i}.") for i in range(3)]
+    for task in [policies[0], policies[1], policies[0], policies[2], policies[1]]:
+        router.route(task)
+    heads = [cached == 0 for _, _, cached in counting.calls]
+    assert heads == [True, False, True, False, False, True, False, True, False]  # 1 was dropped for 2, 0 kept by its reuse
+    assert len(router._prefixes) == 2
+
+
+def test_prompts_batched_after_a_head_must_share_it(tiny_model):
+    network, tokenizer = tiny_model
+    router = LogitRouter(network, tokenizer, OPTIONS)
+    (first, head), (third, _) = router.prompt(TASKS[0]), router.prompt(TASKS[2])
+    with pytest.raises(ValueError, match="same .* tokens"):
+        router.label_logits([first, third], head)
+    assert router.label_logits([first, third]).shape == (2, 3)  # without a head: whole prompts
 
 
 def test_the_router_scores_a_peft_model_with_its_adapters_disabled(tiny_model):

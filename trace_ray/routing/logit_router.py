@@ -24,12 +24,13 @@ leading space, which is how the label follows ``Answer:``); the label token
 with the highest next-token logit at the last position wins. Every option's
 logit and the softmax over them are kept.
 
-The options come before the task, so every task's prompt starts with the same
-tokens (the instruction and the options with their examples, most of the
-prompt). The router computes that prefix's keys and values once and each
-decision runs the model over the task's tokens only. The paper's prompt puts
-the task first; this order reads the same options and task, and saves the
-longer half of every routing prefill (``benchmarks/serve_latency.py``).
+The options come before the task, and the task's policy before its request,
+so the prompts of one environment's tasks share their head: the instruction,
+the options with their examples and the policy, most of the prompt. The
+router runs a head once and keeps its keys and values; each decision then
+runs the model over its request's tokens only. The paper's prompt puts the
+task first; this order reads the same options and task and saves most of
+every routing prefill (``benchmarks/routing_prefill.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import math
 import string
 import textwrap
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 import torch
 
@@ -47,7 +49,7 @@ from trace_ray.capabilities.llm_labeler import compact_messages, cut_middle
 
 __all__ = [
     "ANSWER_PREFIX", "BASE", "BASE_OPTION", "LogitRouter", "RouteDecision", "RouteOption",
-    "compact_messages", "decide", "label_tokens", "options_block", "routing_messages", "task_block",
+    "compact_messages", "decide", "label_tokens", "options_block", "routing_messages", "task_block", "task_head",
 ]
 
 BASE = "base"
@@ -55,6 +57,7 @@ LABELS = string.ascii_uppercase
 ANSWER_PREFIX = "Answer:"  # the assistant turn starts with it; the label token comes next
 POLICY_CHARS = 800  # the task's system policy, shortened to its head
 REQUEST_CHARS = 2000  # the task's user request, cut in the middle beyond this
+PREFIX_CACHE_ENTRIES = 4  # prompt heads (options + one policy) whose keys and values a router keeps
 BASE_DESCRIPTION = "none of these: answer with the base model"
 ROUTING_SYSTEM = (
     "You choose the skill that helps an AI agent with a task. The agent uses tools to carry out the user's request "
@@ -149,8 +152,7 @@ def options_block(options: list[RouteOption], max_example_chars: int = 1500) -> 
     return "\n".join(lines) + "\n\n"
 
 
-def task_block(first_observation: list[dict], option_count: int) -> str:
-    """The task (shortened policy and the user's request) and the answer instruction: the routing prompt's tail."""
+def _policy_and_request(first_observation: list[dict]) -> tuple[str, str]:
     messages = [m for m in first_observation if isinstance(m, dict)]
     policy = next((_content(m) for m in messages if m.get("role") == "system"), "").strip()
     request = next((_content(m) for m in messages if m.get("role") == "user"), None)
@@ -158,12 +160,20 @@ def task_block(first_observation: list[dict], option_count: int) -> str:
         raise ValueError("the first observation has no user message; route an episode's first messages (system + user)")
     if len(policy) > POLICY_CHARS:
         policy = policy[:POLICY_CHARS].rstrip() + " [...]"
-    lines = ["Task"]
-    if policy:
-        lines.append(f"Policy (shortened): {policy}")
-    lines.append(f"User request: {cut_middle(request.strip(), REQUEST_CHARS)}")
-    lines += ["", f"Answer with the letter of one option ({_either(list(LABELS[:option_count]))}) only."]
-    return "\n".join(lines)
+    return policy, request
+
+
+def task_head(first_observation: list[dict]) -> str:
+    """``Task`` and the shortened policy: the part of the task that every task of one environment shares."""
+    policy, _ = _policy_and_request(first_observation)
+    return "Task\n" + (f"Policy (shortened): {policy}\n" if policy else "")
+
+
+def task_block(first_observation: list[dict], option_count: int) -> str:
+    """The task (shortened policy and the user's request) and the answer instruction: the routing prompt's tail."""
+    _, request = _policy_and_request(first_observation)
+    instruction = f"Answer with the letter of one option ({_either(list(LABELS[:option_count]))}) only."
+    return task_head(first_observation) + f"User request: {cut_middle(request.strip(), REQUEST_CHARS)}\n\n{instruction}"
 
 
 def routing_messages(first_observation: list[dict], options: list[RouteOption], max_example_chars: int = 1500) -> list[dict]:
@@ -208,9 +218,11 @@ class LogitRouter:
 
     ``options`` are the capabilities (no base option: the router appends it
     last). A PEFT model is run with its adapters disabled. With
-    ``reuse_prefix`` (the default) the prompt's shared head (instruction and
-    options) is run once, on the first decision, and its keys and values are
-    reused by every later one; the model must stay frozen meanwhile.
+    ``reuse_prefix`` (the default) a prompt's head, the options and the task's
+    policy, is run once per distinct policy and its keys and values are kept
+    (the last :data:`PREFIX_CACHE_ENTRIES` policies) for every later task
+    under that policy, which then runs its request's tokens only; the model
+    must stay frozen meanwhile.
     """
 
     def __init__(
@@ -225,11 +237,12 @@ class LogitRouter:
         self.labels = label_tokens(tokenizer, len(self.options))
         self.max_example_chars = max_example_chars
         self.batch_size = batch_size
+        self.reuse_prefix = reuse_prefix
         self.answer_ids = list(tokenizer.encode(ANSWER_PREFIX, add_special_tokens=False))
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
-        self.prefix_ids = self._shared_prefix() if reuse_prefix else []  # the tokens every routing prompt starts with
-        self._prefix_cache = None  # the model's keys and values over prefix_ids, made on first use
+        self._options_text = options_block(self.options, max_example_chars)
+        self._prefixes: OrderedDict[tuple[int, ...], object] = OrderedDict()  # head tokens -> the model's keys and values
         self._prefix_lock = threading.Lock()
 
     @property
@@ -239,33 +252,35 @@ class LogitRouter:
     def messages(self, first_observation: list[dict]) -> list[dict]:
         return routing_messages(first_observation, self.options, self.max_example_chars)
 
-    def _render(self, first_observation: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(self.messages(first_observation), add_generation_prompt=True, tokenize=False)
-
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _shared_prefix(self) -> list[int]:
-        """The tokens every routing prompt starts with: the rendered head up to the options' end, as it tokenizes in a prompt.
+    def prompt(self, first_observation: list[dict]) -> tuple[list[int], int]:
+        """(the routing prompt's tokens, how many of the first ones are its head: the options and the task's policy).
 
-        The head's last tokens may merge with the task's first ones, so only
-        the tokens the head alone shares with a whole prompt count. Empty when
-        the chat template does not keep the options at the head.
+        The tokens are the chat template's with the generation prompt, then
+        ``Answer:``. The head's last tokens may merge with the request's first
+        ones, so the head counts the tokens that the head alone shares with the
+        whole prompt; 0 without ``reuse_prefix`` or when the chat template does
+        not keep the options at the start of the prompt's text.
         """
-        rendered = self._render([{"role": "user", "content": "-"}])
-        options = options_block(self.options, self.max_example_chars)
-        end = rendered.find(options)
-        if end < 0:
-            return []
-        head, whole = self._encode(rendered[:end + len(options)]), self._encode(rendered)
+        rendered = self.tokenizer.apply_chat_template(
+            self.messages(first_observation), add_generation_prompt=True, tokenize=False
+        )
+        ids = self._encode(rendered) + self.answer_ids
+        head = self._options_text + task_head(first_observation)
+        end = rendered.find(head)
+        if not self.reuse_prefix or end < 0:
+            return ids, 0
+        head_ids = self._encode(rendered[:end + len(head)])
         shared = 0
-        while shared < min(len(head), len(whole)) and head[shared] == whole[shared]:
+        while shared < min(len(head_ids), len(ids) - 1) and head_ids[shared] == ids[shared]:
             shared += 1
-        return whole[:shared]
+        return ids, shared
 
     def prompt_ids(self, first_observation: list[dict]) -> list[int]:
         """The routing prompt's tokens: the chat template with the generation prompt, then ``Answer:``."""
-        return self._encode(self._render(first_observation)) + self.answer_ids
+        return self.prompt(first_observation)[0]
 
     def _device(self) -> torch.device:
         device = getattr(self.model, "device", None)
@@ -287,36 +302,48 @@ class LogitRouter:
             if was_training:
                 self.model.train()
 
-    def _shares_prefix(self, prompts: list[list[int]]) -> bool:
-        size = len(self.prefix_ids)
-        return size > 0 and all(len(prompt) > size and prompt[:size] == self.prefix_ids for prompt in prompts)
-
     @torch.no_grad()
-    def label_logits(self, prompts: list[list[int]]) -> torch.Tensor:
+    def label_logits(self, prompts: list[list[int]], head: int = 0) -> torch.Tensor:
         """[len(prompts), options] logits of the label tokens after each prompt (one forward pass).
 
-        Prompts that all start with the shared head run over their own tokens
-        only, after the head's cached keys and values; others run whole.
+        With ``head`` > 0 every prompt starts with the same ``head`` tokens,
+        whose keys and values come from the router's cache (made on first
+        use) and the pass runs over the rest of each prompt only.
         """
+        if head and any(prompt[:head] != prompts[0][:head] or len(prompt) <= head for prompt in prompts):
+            raise ValueError(f"prompts batched after a shared head must all start with the same {head} tokens and go beyond them")
         with self._frozen_base():
-            if self._shares_prefix(prompts):
-                last = self._last_logits_after_prefix([prompt[len(self.prefix_ids):] for prompt in prompts])
-            else:
-                last = self._last_logits(prompts, past=None)
+            past = self._cached_head(prompts[0][:head]) if head else None
+            last = self._last_logits([prompt[head:] for prompt in prompts], past)
         label_ids = torch.tensor([token for _, token in self.labels], device=last.device)
         return last.float().index_select(1, label_ids).cpu()
 
-    def _last_logits(self, prompts: list[list[int]], past) -> torch.Tensor:
-        """The next-token logits after each prompt, left-padded; after ``past`` (keys and values of ``past_length`` tokens) if given."""
+    def _cached_head(self, head: list[int]):
+        """A copy of the model's keys and values over ``head``, from the cache (kept most recently used first)."""
+        key = tuple(head)
+        with self._prefix_lock:
+            if key in self._prefixes:
+                self._prefixes.move_to_end(key)
+            else:
+                ids = torch.tensor([head], dtype=torch.long, device=self._device())
+                self._prefixes[key] = self.model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+                while len(self._prefixes) > PREFIX_CACHE_ENTRIES:
+                    self._prefixes.popitem(last=False)
+            return copy.deepcopy(self._prefixes[key])  # the forward pass appends the tails' keys and values to the copy
+
+    def _last_logits(self, tails: list[list[int]], past) -> torch.Tensor:
+        """The next-token logits after each of ``tails``, left-padded, after the keys and values ``past`` (None: none)."""
         device = self._device()
         past_length = past.get_seq_length() if past is not None else 0
-        width = max(len(prompt) for prompt in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), past_length + width), dtype=torch.long)
+        if past is not None:
+            past.batch_repeat_interleave(len(tails))
+        width = max(len(tail) for tail in tails)
+        input_ids = torch.full((len(tails), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(tails), past_length + width), dtype=torch.long)
         attention_mask[:, :past_length] = 1
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, past_length + width - len(prompt):] = 1
+        for row, tail in enumerate(tails):
+            input_ids[row, width - len(tail):] = torch.tensor(tail, dtype=torch.long)
+            attention_mask[row, past_length + width - len(tail):] = 1
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)[:, past_length:]
         output = self.model(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), position_ids=position_ids.to(device),
@@ -324,27 +351,27 @@ class LogitRouter:
         )
         return output.logits[:, -1, :]
 
-    def _last_logits_after_prefix(self, tails: list[list[int]]) -> torch.Tensor:
-        with self._prefix_lock:
-            if self._prefix_cache is None:
-                prefix = torch.tensor([self.prefix_ids], dtype=torch.long, device=self._device())
-                self._prefix_cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
-        past = copy.deepcopy(self._prefix_cache)  # the forward pass appends the tails' keys and values to it
-        past.batch_repeat_interleave(len(tails))
-        return self._last_logits(tails, past)
-
     def _decision(self, row: torch.Tensor) -> RouteDecision:
         return decide(dict(zip(self.names, row.tolist())))
 
     def route(self, first_observation: list[dict]) -> RouteDecision:
         """The decision for one task, from its first observation (system policy + first user message)."""
-        return self._decision(self.label_logits([self.prompt_ids(first_observation)])[0])
+        ids, head = self.prompt(first_observation)
+        return self._decision(self.label_logits([ids], head)[0])
 
     def route_many(self, observations: list[list[dict]]) -> list[RouteDecision]:
-        """The decisions for many tasks, ``batch_size`` prompts per forward pass; the same as :meth:`route` one by one."""
-        prompts = [self.prompt_ids(observation) for observation in observations]
-        decisions: list[RouteDecision] = []
-        for start in range(0, len(prompts), self.batch_size):
-            logits = self.label_logits(prompts[start:start + self.batch_size])
-            decisions += [self._decision(row) for row in logits]
-        return decisions
+        """The decisions for many tasks, the same as :meth:`route` one by one.
+
+        Tasks sharing a head (the same policy) go ``batch_size`` per forward pass.
+        """
+        prompts = [self.prompt(observation) for observation in observations]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for index, (ids, head) in enumerate(prompts):
+            groups.setdefault(tuple(ids[:head]), []).append(index)
+        decisions: dict[int, RouteDecision] = {}
+        for head, indices in groups.items():
+            for start in range(0, len(indices), self.batch_size):
+                batch = indices[start:start + self.batch_size]
+                logits = self.label_logits([prompts[index][0] for index in batch], len(head))
+                decisions.update((index, self._decision(row)) for index, row in zip(batch, logits))
+        return [decisions[index] for index in range(len(observations))]

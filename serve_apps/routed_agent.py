@@ -143,9 +143,12 @@ class ConversationRouter:
     """The run's router, deciding each conversation's adapter once from its first user turn."""
 
     def __init__(self, config: TraceConfig, adapters: list):
+        import torch
+
         from trace_ray.models import load_model
         from trace_ray.routing.routers import build_router
 
+        torch.set_num_threads(config.serve.router_threads or os.cpu_count() or 1)  # Ray gives a fractional-CPU actor one thread
         model, tokenizer = load_model(config.model)
         if config.serve.router_num_gpus > 0:
             model = model.to("cuda")

@@ -258,6 +258,8 @@ def test_bad_serve_inputs_are_one_line_errors(tmp_path, capsys):
     assert error.count("\n") == 0 and "serve.port" in error and str(port) in error
     assert main(["serve", *TINY, "serve.max_tokens_limit=8", "serve.default_max_tokens=16"]) == 1
     assert "serve.default_max_tokens (16) exceeds serve.max_tokens_limit (8)" in capsys.readouterr().err
+    assert main(["serve", *TINY, "serve.router_threads=0"]) == 1
+    assert "serve.router_threads must be >= 1 or null, got 0" in capsys.readouterr().err
 
 
 def test_a_replica_that_fails_to_start_is_reported_in_one_line():

@@ -317,6 +317,7 @@ class ServeConfig:
     default_max_tokens: int = MISSING
     route_cache_size: int = MISSING  # conversations whose routing decision the router keeps
     router_num_cpus: float = MISSING
+    router_threads: Optional[int] = None  # torch threads per router replica (null: all cores)
     router_num_gpus: float = MISSING
     llm_num_cpus: float = MISSING
     llm_num_gpus: float = MISSING
@@ -515,7 +516,8 @@ def _validate_serve(serve: ServeConfig) -> None:
              f"serve.default_max_tokens ({serve.default_max_tokens}) exceeds serve.max_tokens_limit ({serve.max_tokens_limit}); lower it")
     for key in ("router_num_cpus", "router_num_gpus", "llm_num_cpus", "llm_num_gpus"):
         _require(getattr(serve, key) >= 0, f"serve.{key} must be >= 0, got {getattr(serve, key)}")
-    _require(serve.llm_threads is None or serve.llm_threads >= 1, f"serve.llm_threads must be >= 1 or null, got {serve.llm_threads}")
+    for key in ("router_threads", "llm_threads"):
+        _require(getattr(serve, key) is None or getattr(serve, key) >= 1, f"serve.{key} must be >= 1 or null, got {getattr(serve, key)}")
     scaling = serve.autoscaling
     if scaling is not None:
         _require(1 <= scaling.min_replicas <= scaling.max_replicas,

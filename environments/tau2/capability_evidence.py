@@ -13,7 +13,8 @@ agent's own tools, and reads off, as plain JSON-able data:
   ``choice_reports``: those whose fact the gold reads off one record among
   several in a result (a variant's price, an order item's name).
 - ``failed_calls``: gold calls the package refuses (some retail tasks read a
-  product id that is in no product), kept as errors and otherwise skipped.
+  product id that is in no product), kept as errors and otherwise skipped;
+  an agent making the same call has picked no wrong entity.
 - ``blockers`` and ``time_reports``: always empty on τ²-bench.
 - ``needs``: the capabilities of :data:`DETECTORS` the task needs, from the above.
 

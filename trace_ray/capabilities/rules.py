@@ -263,14 +263,18 @@ def structured_data_reasoning(trajectory: Trajectory, evidence: dict) -> str:
     an expected one, at least one such call was made (unless the task only has
     choice reports), and every choice report was reached; LACKING when the agent
     picked a wrong entity even once, never used one, or reported a wrong choice.
+    A call the task's own reference solution makes and the environment refuses
+    (``failed_calls``, e.g. a τ²-bench refund the tool rejects) is no wrong pick.
     """
     if "structured_data_reasoning" not in evidence.get("needs", []):
         return NA
     actions = _with_role(evidence, "entity")
     entity_arguments = {(action["tool"], name) for action in actions for name, role in action["roles"].items() if role == "entity"}
+    refused = {(failed["tool"], _canonical(failed["arguments"])) for failed in evidence.get("failed_calls", [])}
     used = [
         call for call in calls(trajectory)
         if call.arguments is not None and any((call.name, name) in entity_arguments for name in call.arguments)
+        and (call.name, _canonical(call.arguments)) not in refused
     ]
     right = all(any(agrees(call, action, ["entity"]) for action in actions) for call in used)
     reports = evidence.get("choice_reports", [])

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from environments.protocol import Environment, Message, ToolSchema
+from environments.protocol import Environment, Message, ResetResult, StepResult, ToolSchema
 from environments.tool_environment import broken_message
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -90,6 +90,19 @@ def play(env: Environment, seed: int, policy: Policy, max_steps: int = 100) -> t
     """Run one episode with a scripted policy; (final reward, final info)."""
     env.reset(seed)
     return _finish(env, seed, policy, max_steps)
+
+
+def play_recorded(env: Environment, seed: int, policy: Policy, max_steps: int = 100) -> tuple[list[Message], ResetResult, StepResult]:
+    """Run one episode with a scripted policy, keeping every message; (messages, the reset's result, the last step's)."""
+    reset = env.reset(seed)
+    messages = list(reset.messages)
+    for _ in range(max_steps):
+        action = policy(env)
+        step = env.step(action)
+        messages += [action, *step.messages]
+        if step.done:
+            return messages, reset, step
+    raise RuntimeError(f"seed {seed}: episode did not end within {max_steps} steps")
 
 
 def _finish(env: Environment, seed: int, policy: Policy, max_steps: int) -> tuple[float, dict[str, Any]]:

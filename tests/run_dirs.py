@@ -6,20 +6,14 @@ from pathlib import Path
 
 import torch
 
+from environments.self_checks import oracle, play_recorded
 from trace_ray.cli import compose_config
 from trace_ray.training.lora_model import export_adapter, trainable_model
 
 
 def played_episode(env, seed: int, follow_oracle: bool) -> tuple[list[dict], object, object]:
     """A finished episode of ``env``: the oracle's, or an agent that replies at once; (messages, reset result, last step)."""
-    reset = env.reset(seed)
-    messages = list(reset.messages)
-    while True:
-        message = env.oracle_message() if follow_oracle else {"role": "assistant", "content": "Done."}
-        step = env.step(message)
-        messages += [message, *step.messages]
-        if step.done:
-            return messages, reset, step
+    return play_recorded(env, seed, oracle if follow_oracle else lambda _: {"role": "assistant", "content": "Done."})
 
 
 def episode_row(env_name: str, seed: int, sample_index: int, messages: list[dict], reset, step) -> dict:

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from environments import self_checks
 from environments.registry import make_environment
 from trace_ray.cli import compose_config, main
 from trace_ray.environment_setup import environment_maker
@@ -44,13 +45,8 @@ def gold_agent(ask_first=True):
 
 def play_recorded(env, seed, policy):
     """(every message of the episode, final reward, final info)."""
-    messages = list(env.reset(seed).messages)
-    while True:
-        action = policy(env)
-        result = env.step(action)
-        messages += [action, *result.messages]
-        if result.done:
-            return messages, result.reward, result.info
+    messages, _, step = self_checks.play_recorded(env, seed, policy)
+    return messages, step.reward, step.info
 
 
 # -- without the package ----------------------------------------------------------------------

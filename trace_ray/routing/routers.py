@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from environments.self_checks import oracle
+from environments.self_checks import oracle, play_recorded
 from trace_ray.config import TraceConfig
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.errors import TraceRayError
@@ -31,14 +31,8 @@ class Router(Protocol):
 def oracle_example(config: TraceConfig, adapter: TrainedAdapter) -> str:
     """One successful trajectory of the adapter's synthetic environment (its oracle's), compacted."""
     env = environment_maker(synthetic_env_config(config, adapter.name))()
-    seed = env.task_seeds("analysis")[0]
-    messages = list(env.reset(seed).messages)
-    while True:
-        message = oracle(env)
-        step = env.step(message)
-        messages += [message, *step.messages]
-        if step.done:
-            return compact_messages(messages, config.router.max_example_chars)
+    messages, _, _ = play_recorded(env, env.task_seeds("analysis")[0], oracle)
+    return compact_messages(messages, config.router.max_example_chars)
 
 
 def logit_router(config: TraceConfig, model, tokenizer, adapters: list[TrainedAdapter]) -> LogitRouter:

@@ -67,13 +67,13 @@ def main(argv: list[str] | None = None) -> None:
           f"{len({tuple(ids[:head]) for ids, head in prompts})} distinct heads, {os.cpu_count()} cores", flush=True)
     first, _ = timed(lambda: reused.route(observations[0]))  # runs the head once
     whole.route(observations[0])  # warm-up
+    routers = {"reused": reused, "whole": whole}
+    single = {name: [] for name in routers}
+    for index, observation in enumerate(observations):
+        for name in sorted(routers, reverse=index % 2 == 1):  # alternate which goes first
+            single[name].append(timed(lambda: routers[name].route(observation)))
+    batched = {name: timed(lambda: router.route_many(observations)) for name, router in routers.items()}
     rows, largest, agree = [], 0.0, True
-    single = {"reused": [], "whole": []}
-    for observation in observations:  # alternate which goes first
-        for name, router in (("reused", reused), ("whole", whole)) if len(single["whole"]) % 2 == 0 else (("whole", whole), ("reused", reused)):
-            seconds, decision = timed(lambda: router.route(observation))
-            single[name].append((seconds, decision))
-    batched = {name: timed(lambda: router.route_many(observations)) for name, router in (("whole", whole), ("reused", reused))}
     for (_, a), (_, b) in zip(single["reused"], single["whole"]):
         agree &= a.choice == b.choice
         largest = max(largest, max(abs(a.scores[k] - b.scores[k]) for k in a.scores))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,7 +12,7 @@ import jsonschema
 import pytest
 
 from trace_ray.capabilities.llm_labeler import (
-    CUT_MARKER, LabelerError, compact_trajectory, label_trajectories_llm, propose_candidates,
+    CUT_MARKER, LabelerError, compact_trajectory, label_trajectories_llm, labeling_request, propose_candidates,
 )
 from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
 from trace_ray.errors import TraceRayError
@@ -260,7 +261,31 @@ def test_labels_every_capability_and_trajectory(server):
     }
     prompt = server.requests[0]["body"]["messages"]
     assert "NA: the task does not need" in prompt[0]["content"]
-    assert "Retry after a tool error." in prompt[1]["content"] and "t1#0" in prompt[1]["content"]
+    assert "Retry after a tool error." in prompt[1]["content"]
+    assert "user: Remind me to call the dentist (t1)." in prompt[1]["content"]
+
+
+def test_labeling_prompts_are_blind_to_the_outcome(server):
+    """A success and a failure of identical conversation get the very same labeling prompt, naming no outcome."""
+    success, failure = trajectory("t1", 0, True), trajectory("t1", 0, False)  # rewards 1.00 and 0.25
+    failure = Trajectory(**{**failure.__dict__, "termination": "max_turns"})
+    server.reply(*[labels_answer(datetime_reasoning="PRESENT", error_recovery="NA")] * 2)
+    label(server, [success, failure])
+    sent = [user_text(request) for request in server.requests]
+    assert sent == [labeling_request(CAPABILITIES, t, 2000) for t in (success, failure)]  # what is sent is what is checked
+    assert sent[0] == sent[1]
+    for prompt in sent:
+        assert "add_reminder" in prompt  # the conversation is there
+        assert not re.search(r"success|failure|passed|failed|reward|score|max_turns", prompt, flags=re.IGNORECASE)
+        assert not re.search(r"\b(1\.00|0\.25)\b", prompt)
+
+
+def test_proposal_prompt_keeps_the_outcomes(server):
+    server.reply(candidates_answer("datetime_reasoning"))
+    propose(server)
+    prompt = user_text(server.requests[0])
+    assert "trajectory t1#1: failure (reward 0.25, reply)" in prompt
+    assert "trajectory t1#0: success (reward 1.00, reply)" in prompt
 
 
 def test_labeling_schema_requires_every_capability_and_a_known_label(server):

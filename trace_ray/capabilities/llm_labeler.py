@@ -6,6 +6,11 @@ failures, then labels every (trajectory, capability) pair NA, PRESENT or
 LACKING, one request per trajectory. Each answer must be strict JSON of a
 fixed schema; an invalid one is sent back with the validation error for a
 corrected answer, a bounded number of times.
+
+Only the proposal sees outcomes (it contrasts successes with failures). A
+labeling prompt shows the conversation alone: no id, success, reward or
+termination, so a label cannot echo the outcome that Cov and Delta are then
+computed against.
 """
 
 from __future__ import annotations
@@ -90,10 +95,11 @@ def compact_messages(messages: list[dict], max_chars: int) -> str:
 
 
 def compact_trajectory(trajectory: Trajectory, max_chars: int) -> str:
-    """One trajectory as prompt text: outcome, request, tool calls with results, final reply.
+    """One trajectory as proposal text: outcome, request, tool calls with results, final reply.
 
     A text over ``max_chars`` loses its middle (the request and the final reply
-    matter most), replaced by a marker.
+    matter most), replaced by a marker. The header states the outcome: never put
+    this in a labeling prompt (:func:`labeling_request` shows the conversation alone).
     """
     outcome = "success" if trajectory.success else "failure"
     header = f"trajectory {trajectory.id}: {outcome} (reward {trajectory.reward:.2f}, {trajectory.termination})"
@@ -284,21 +290,26 @@ def _labels_validator(names: list[str]) -> Callable[[Any], dict[str, str]]:
     return validate
 
 
+def labeling_request(candidates: dict[str, str], trajectory: Trajectory, max_chars: int) -> str:
+    """The labeling prompt of one trajectory: the capabilities, then its conversation without any outcome."""
+    return (
+        f"Capabilities (name: description):\n{json.dumps(candidates, indent=1)}\n\n"
+        f"Trajectory (requests, tool calls with results, final reply):\n{compact_messages(trajectory.messages, max_chars)}\n\n"
+        'Label every capability above, and no other, with NA, PRESENT or LACKING. Answer with strict JSON only: '
+        '{"labels": {"capability_name": "NA" | "PRESENT" | "LACKING"}}'
+    )
+
+
 def label_trajectories_llm(
     client: LLMClient, trajectories: list[Trajectory], candidates: dict[str, str],
     seed: int, temperature: float, max_chars: int, max_repairs: int = 2,
 ) -> dict[str, dict[str, str]]:
     """Capability -> trajectory id -> label, one request per trajectory (seed + the trajectory's offset)."""
     names = list(candidates)
-    dictionary = json.dumps(candidates, indent=1)
     schema, validate = labels_schema(names), _labels_validator(names)
     labels: dict[str, dict[str, str]] = {name: {} for name in names}
     for trajectory in trajectories:
-        request = (
-            f"Capabilities (name: description):\n{dictionary}\n\n{compact_trajectory(trajectory, max_chars)}\n\n"
-            'Label every capability above, and no other, with NA, PRESENT or LACKING. Answer with strict JSON only: '
-            '{"labels": {"capability_name": "NA" | "PRESENT" | "LACKING"}}'
-        )
+        request = labeling_request(candidates, trajectory, max_chars)
         messages = [{"role": "system", "content": LABEL_SYSTEM}, {"role": "user", "content": request}]
         found = _ask(client, messages, seed + seed_offset(trajectory.id), temperature, schema, validate, max_repairs,
                      f"labels of {trajectory.id}")

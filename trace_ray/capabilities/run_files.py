@@ -61,7 +61,10 @@ def read_run_files(folder: str | Path) -> list[RunFile]:
     """Every ``run_*.json`` of ``folder``, sorted by file name."""
     paths = sorted(Path(folder).glob("run_*.json"), key=lambda path: path.name)
     if not paths:
-        raise RunFileError(f"{folder}: no run_*.json files; run the capability labeling first")
+        raise RunFileError(
+            f"{folder}: no run_*.json files; put precomputed run files there, or label collected trajectories "
+            "(labeler=rules or labeler=llm)"
+        )
     return [read_run_file(path) for path in paths]
 
 

@@ -6,7 +6,9 @@ and writes ``run_dir/capabilities/``: ``labels/run_XX.json`` and
 ``labels/candidates.json`` (the reference's formats), ``all_capabilities.json``
 (every candidate) and ``selected.json`` (those kept). With ``-m`` over
 ``selection.*`` the labels are made once and each setting is aggregated from
-them into ``sweep.parquet`` and ``sweep.md``.
+them into ``sweep.parquet`` and ``sweep.md``. With ``labeler=precomputed`` the
+run files alone define Cov and Delta (and the example failed cases): a run
+directory holding only ``capabilities/labels/`` is enough.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
 from trace_ray.errors import TraceRayError
 
-HELP = "contrast the successes and failures in run_dir/trajectories and select the capabilities the failures lack"
+HELP = "contrast the successes and failures in run_dir/trajectories (or precomputed run files) and select what the failures lack"
 SHOWN_WARNINGS = 5
 
 
@@ -47,8 +49,7 @@ def run_sweep(configs: list[TraceConfig]) -> None:
     first = configs[0]
     if any((c.run_dir, c.labeler, c.env.name, c.seed) != (first.run_dir, first.labeler, first.env.name, first.seed) for c in configs):
         raise TraceRayError("a sweep may vary only selection.* (labels are made once); run other changes separately")
-    trajectories = read_trajectories(first.run_dir)
-    check_contrast(trajectories, first)
+    trajectories = collected_trajectories(first)
     runs, descriptions = labeled_runs(first, trajectories)
     folder = Path(first.run_dir) / "capabilities"
     if len(configs) == 1:
@@ -64,6 +65,16 @@ def run_sweep(configs: list[TraceConfig]) -> None:
 
 def selection_settings(config: TraceConfig) -> SelectionSettings:
     return SelectionSettings(**asdict(config.selection))
+
+
+def collected_trajectories(config: TraceConfig) -> list[Trajectory]:
+    """The collected trajectories, checked for contrast; none for precomputed run files without ``trajectories/``."""
+    if config.labeler.name == "precomputed" and not (Path(config.run_dir) / "trajectories").exists():
+        console.print(f"no {Path(config.run_dir) / 'trajectories'}: aggregating the precomputed run files alone")
+        return []
+    trajectories = read_trajectories(config.run_dir)
+    check_contrast(trajectories, config)
+    return trajectories
 
 
 def check_contrast(trajectories: list[Trajectory], config: TraceConfig) -> None:
@@ -84,6 +95,7 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
     folder = Path(config.run_dir) / "capabilities" / "labels"
     if config.labeler.name == "precomputed":
         runs = read_run_files(folder)
+        check_run_contrast(runs, folder)
         return runs, read_candidates(folder)
     if config.labeler.name == "llm":
         return llm_runs(config, trajectories, folder)
@@ -112,6 +124,16 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
     save_trajectory_labels(folder.parent, "rules", labels)
     console.print(f"labeled {len(trajectories)} trajectories x {len(names)} capabilities in {len(runs)} runs: {folder}")
     return runs, descriptions
+
+
+def check_run_contrast(runs: list[RunFile], folder: Path) -> None:
+    """Precomputed run files must name failed and passed tasks (trajectories, if any, are checked apart)."""
+    failed, passed = sum(run.total_failed for run in runs), sum(run.total_passed for run in runs)
+    if not failed or not passed:
+        raise TraceRayError(
+            f"contrastive analysis needs successes and failures, and the run files in {folder} name {passed} passed "
+            f"and {failed} failed tasks in all; label a set of trajectories that holds both"
+        )
 
 
 def rule_descriptions(target: str, names: list[str]) -> dict[str, str]:

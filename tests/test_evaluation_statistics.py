@@ -1,11 +1,12 @@
 """Bootstrap intervals and paired comparisons against hand-computed cases."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 
-from trace_ray.evaluation.statistics import bootstrap_interval, paired_comparison, sign_flip_p_value
+from trace_ray.evaluation.statistics import EXACT_LIMIT, bootstrap_interval, holm_adjusted, paired_comparison, sign_flip_p_value
 
 
 def test_a_constant_score_has_a_point_interval():
@@ -44,6 +45,45 @@ def test_a_wider_confidence_gives_a_wider_interval():
 )
 def test_sign_flip_p_values_by_hand(differences, expected):
     assert sign_flip_p_value(differences) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("resamples", [999, 100_000])
+def test_a_monte_carlo_p_value_with_no_pattern_as_extreme_is_one_over_m_plus_one(resamples):
+    # 60 equal differences: only the all-plus and all-minus patterns (probability 2 / 2^60) reach |sum| 60,
+    # so no random pattern does (b = 0) and the p-value is (0 + 1) / (m + 1), not 0
+    differences = [0.5] * 60
+    assert len(differences) > EXACT_LIMIT
+    assert sign_flip_p_value(differences, resamples=resamples) == 1 / (resamples + 1)
+
+
+def test_a_monte_carlo_p_value_where_every_pattern_is_as_extreme_is_one():
+    # observed sum 0: every pattern reaches |sum| >= 0, so b = m and (m + 1) / (m + 1) = 1
+    assert sign_flip_p_value([1.0] * 10 + [-1.0] * 10, resamples=500) == 1.0
+
+
+def test_a_monte_carlo_p_value_estimates_the_binomial_tail():
+    # 15 differences of +1 and 5 of -1: the sign-flipped sum is 2k - 20 with k ~ Binomial(20, 1/2);
+    # P(|2k - 20| >= 10) = 2 (C(20,15) + ... + C(20,20)) / 2^20 = 2 * 21700 / 1048576 = 0.041389...
+    exact = 2 * sum(math.comb(20, k) for k in range(15, 21)) / 2**20
+    assert exact == pytest.approx(2 * 21700 / 1048576)
+    # 100,000 resamples: standard error sqrt(0.04 * 0.96 / 1e5) = 0.0006
+    assert sign_flip_p_value([1.0] * 15 + [-1.0] * 5) == pytest.approx(exact, abs=0.003)
+
+
+def test_holm_adjusted_p_values_by_hand():
+    # m = 4; sorted ascending 0.005 (4th), 0.01 (1st), 0.03 (3rd), 0.04 (2nd):
+    #   0.005 -> min(1, 4 * 0.005) = 0.02
+    #   0.01  -> max(0.02, 3 * 0.01 = 0.03) = 0.03
+    #   0.03  -> max(0.03, 2 * 0.03 = 0.06) = 0.06
+    #   0.04  -> max(0.06, 1 * 0.04 = 0.04) = 0.06 (the step-down keeps the adjusted values monotone)
+    assert holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # capped at 1: 2 * 0.6 = 1.2 -> 1, then max(1, 0.7) = 1
+    assert holm_adjusted([0.7, 0.6]) == [1.0, 1.0]
+    # ties: 3 * 0.02 = 0.06, then max(0.06, 2 * 0.02 = 0.04) = 0.06, then max(0.06, 1 * 0.5) = 0.5
+    assert holm_adjusted([0.02, 0.5, 0.02]) == pytest.approx([0.06, 0.5, 0.06])
+    assert holm_adjusted([0.3]) == [0.3] and holm_adjusted([]) == []
+    with pytest.raises(ValueError, match="must lie in"):
+        holm_adjusted([0.1, 1.5])
 
 
 def test_paired_comparison_counts_and_differences():

@@ -173,6 +173,7 @@ class SynthesisConfig:
     name: str = MISSING  # templates | llm
     capabilities: Optional[list[str]] = None  # synthesize only these of selected.json (null: all)
     self_check_seeds: int = MISSING  # test seeds every self-check runs on
+    accept_out_of_band: bool = MISSING  # train also capabilities whose calibration found no level in band
     # llm: an OpenAI-compatible endpoint and generation model, the variable holding its API key,
     # sampling temperature, modules generated per capability before giving up, failed trajectories
     # shown per capability (characters each), the answer's token limit, request timeout and tries,

@@ -1,7 +1,8 @@
 """``run_dir/capabilities/selected.json``: the capabilities identification selected, read in one place.
 
-Identification writes it; synthesis marks each entry READY or FAILED; training,
-routing, serving, evaluation and the pipeline read it.
+Identification writes it; synthesis marks each entry READY (calibrated in band),
+OUT_OF_BAND (an environment whose nearest difficulty level is outside the band)
+or FAILED; training, routing, serving, evaluation and the pipeline read it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from trace_ray.errors import TraceRayError
+
+READY = "READY"
+OUT_OF_BAND = "OUT_OF_BAND"
 
 
 def selection_path(run_dir: Path) -> Path:
@@ -31,8 +35,12 @@ def read_selection(run_dir: Path, missing_hint: str = "run trace-ray identify ru
     return entries
 
 
-def ready_entries(run_dir: Path) -> list[dict[str, Any]]:
-    """The READY entries (none when there is no selection yet)."""
+def synthesized_entries(run_dir: Path) -> list[dict[str, Any]]:
+    """The entries with an environment, READY or OUT_OF_BAND (none when there is no selection yet).
+
+    Training decides whether an OUT_OF_BAND one is trained (``synthesis.accept_out_of_band``); once it
+    has an adapter, it is routed, served and evaluated like a READY one.
+    """
     if not selection_path(run_dir).is_file():
         return []
-    return [entry for entry in read_selection(run_dir) if entry.get("status") == "READY"]
+    return [entry for entry in read_selection(run_dir) if entry.get("status") in (READY, OUT_OF_BAND)]

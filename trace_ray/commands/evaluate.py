@@ -16,6 +16,11 @@ turn limits:
 - ``prompt injection``: the base model with the selected capabilities'
   descriptions added to the system prompt.
 
+Each method is compared, paired by task, with ``base``; each TRACE method also
+with ``GRPO on target`` and with the best single adapter (highest mean reward
+of the ``adapter:<name>`` methods); every p-value also comes Holm-adjusted over
+all of the report's paired comparisons.
+
 Writes ``DIR/eval/report.json``, ``report.md`` (the table first) and PNG
 plots (methods with intervals, training reward curves; identification drew
 Cov vs Delta in ``DIR/capabilities/cov_vs_delta.png``).
@@ -34,7 +39,9 @@ from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
 from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
-from trace_ray.evaluation.report import TABLE_HEADER, MethodScores, report_markdown, report_rows, table_rows
+from trace_ray.evaluation.report import (
+    COMPARISON_HEADER, TABLE_HEADER, MethodScores, comparison_rows, evaluation_report, report_markdown, table_rows,
+)
 from trace_ray.rollout_loop import EpisodeResult
 from trace_ray.training.training_log import read_metrics, rollouts_spent
 from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
@@ -108,7 +115,8 @@ def run(config: TraceConfig) -> None:
         methods.append(scores("GRPO on target", [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))
     methods.append(scores("prompt injection", [injected[s][BASE] for s in seeds], 0))
 
-    rows = report_rows(methods, config.evaluate.confidence, config.seed)
+    report = evaluation_report(methods, config.evaluate.confidence, config.seed)
+    rows = report["methods"]
     title = f"{config.model.name} on {config.env.name}/{config.split}: {len(seeds)} tasks, greedy"
     notes = [
         "Training rollouts: GRPO episodes recorded in each adapter's metrics.parquet (TRACE: all capability adapters); "
@@ -120,15 +128,18 @@ def run(config: TraceConfig) -> None:
     folder = run_dir / "eval"
     write_json(folder / "report.json", {
         "model": config.model.name, "env": config.env.name, "split": config.split, "tasks": len(seeds),
-        "confidence": config.evaluate.confidence, "methods": rows, "not_evaluated": unavailable,
+        "confidence": config.evaluate.confidence, **report, "not_evaluated": unavailable,
         "choices": {**choices, "oracle": oracle}, "seeds": seeds,
     })
     with atomic_path(folder / "report.md") as scratch:
-        Path(scratch).write_text(report_markdown(title, rows, unavailable, notes), encoding="utf-8")
+        Path(scratch).write_text(report_markdown(title, report, unavailable, notes), encoding="utf-8")
     plot_methods(rows, folder / "methods.png")
     curves = {name: [(r["iteration"], r["reward_mean"]) for r in rows] for name, rows in history.items()}
     plot_reward_curves(curves, folder / "reward_curves.png")
     print_table(title, TABLE_HEADER, table_rows(rows))
+    if report["comparisons"]:
+        print_table(f"TRACE against GRPO on target and the best single adapter ({report['best_adapter']})",
+                    COMPARISON_HEADER, comparison_rows(report["comparisons"]))
     for name, reason in unavailable.items():
         console.print(f"not evaluated: {name}: {reason}")
     console.print(f"report: {folder / 'report.md'}")

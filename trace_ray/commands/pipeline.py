@@ -1,7 +1,8 @@
 """``trace-ray pipeline run_dir=DIR``: TRACE end to end, each stage recorded in ``DIR/manifest.json``.
 
 Stages, in order: ``collect`` (the target's analysis split) -> ``identify`` ->
-``synthesize`` -> ``train`` (one adapter per READY capability) ->
+``synthesize`` -> ``train`` (one adapter per READY capability; OUT_OF_BAND
+ones too with ``synthesis.accept_out_of_band=true``) ->
 ``baseline`` (GRPO on the target itself with the rollouts TRACE's training
 spent) -> ``route`` -> ``evaluate`` (the held-out eval split). A stage whose
 fingerprint (its config keys and everything upstream) matches a finished run
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 from trace_ray.artifacts import atomic_path
-from trace_ray.capabilities.selection_file import read_selection, ready_entries
-from trace_ray.config import TraceConfig
+from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
+from trace_ray.config import SynthesisConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.errors import TraceRayError
 from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
@@ -39,8 +40,9 @@ from trace_ray.training.training_log import rollouts_spent
 HELP = "run TRACE end to end (collect, identify, synthesize, train, baseline, route, evaluate) with a manifest; reruns skip finished stages"
 
 
-def ready_capabilities(run_dir: Path) -> list[str]:
-    return [entry["name"] for entry in ready_entries(run_dir)]
+def synthesized_capabilities(run_dir: Path) -> list[str]:
+    """The capabilities train may have trained (those it skipped have no adapter folder)."""
+    return [entry["name"] for entry in synthesized_entries(run_dir)]
 
 
 def top_capabilities(run_dir: Path, count: int | None) -> list[str] | None:
@@ -58,7 +60,7 @@ def matched_budget(config: TraceConfig, run_dir: Path) -> dict[str, int]:
     same total; the iterations are as many as that total allows (at least one batch).
     """
     batch = config.grpo.group_size * config.grpo.groups_per_batch
-    spent = max(batch, sum(rollouts_spent(run_dir / "adapters" / name) for name in ready_capabilities(run_dir)))
+    spent = max(batch, sum(rollouts_spent(run_dir / "adapters" / name) for name in synthesized_capabilities(run_dir)))
     return {"grpo__iterations": math.ceil(spent / batch), "grpo__max_rollouts": spent}
 
 
@@ -86,6 +88,9 @@ class Stage:
     outputs: Callable[[TraceConfig, Path], list[str]]  # what it writes, relative to the run directory
 
 
+# accept_out_of_band decides what train trains, not what synthesis builds: a key of the train stage only
+SYNTHESIS_KEYS = tuple(f"synthesis.{f.name}" for f in dataclasses.fields(SynthesisConfig) if f.name != "accept_out_of_band")
+
 STAGES = [
     Stage(
         "collect", "collect",
@@ -99,14 +104,14 @@ STAGES = [
         lambda c, d: ["capabilities/all_capabilities.json"],
     ),
     Stage(
-        "synthesize", "synthesize", ("synthesis", "calibration", "pipeline.max_capabilities"),
+        "synthesize", "synthesize", (*SYNTHESIS_KEYS, "calibration", "pipeline.max_capabilities"),
         lambda c, d: _replace(c, synthesis__capabilities=top_capabilities(d, c.pipeline.max_capabilities)),
         lambda c, d: ["environments", "capabilities/selected.json"],
     ),
     Stage(
-        "train", "train", ("grpo", "lora"),
+        "train", "train", ("grpo", "lora", "synthesis.accept_out_of_band"),
         lambda c, d: _replace(c, train_on="capabilities", capability=None, adapter=None),
-        lambda c, d: [f"adapters/{name}" for name in ready_capabilities(d)],
+        lambda c, d: [f"adapters/{name}" for name in synthesized_capabilities(d)],
     ),
     Stage(
         "baseline", "train", ("grpo", "lora", "evaluate.grpo_baseline"),

@@ -14,8 +14,11 @@ For every capability of ``DIR/capabilities/selected.json``:
 It writes ``DIR/environments/<capability>/`` (``spec.json``,
 ``calibration.json``, ``calibration.md``; for generated modules
 ``module.py`` and ``check_log.md``) and moves each selected.json entry from
-PENDING to READY, or to FAILED with the reason; one capability's failure does
-not stop the others. Train on one with ``env=synthetic/<capability>``.
+PENDING to READY (a level in band), OUT_OF_BAND (no level tried was in band: the
+nearest is kept and recorded with its figures and reasons; ``trace-ray train``
+skips it unless ``synthesis.accept_out_of_band=true``) or FAILED with the
+reason; one capability's failure does not stop the others. Train on one with
+``env=synthetic/<capability>``.
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
-from trace_ray.capabilities.selection_file import read_selection, selection_path
+from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path
 from trace_ray.errors import TraceRayError
 from trace_ray.models import load_tokenizer
 from trace_ray.rollout_loop import EpisodeTask, run_rollouts
-from trace_ray.synthesis.calibration import Band, CalibrationStats, calibration_stats, calibration_table, search_difficulty
+from trace_ray.synthesis.calibration import (
+    Band, CalibrationRound, CalibrationStats, calibration_stats, calibration_table, search_difficulty,
+)
 
 HELP = "build, self-check and calibrate one training environment per selected capability (run_dir/environments/)"
 
@@ -63,20 +68,29 @@ def capabilities_to_synthesize(run_dir: Path, only: list[str] | None) -> list[di
     return entries
 
 
-def set_status(run_dir: Path, name: str, status: str, reason: str | None) -> None:
-    """One selected.json entry's status (READY / FAILED with its reason), written atomically."""
+def set_status(run_dir: Path, name: str, status: str, reason: str | None, nearest: dict | None = None) -> None:
+    """One selected.json entry's status (READY; OUT_OF_BAND with its reason and nearest level; FAILED with its
+    reason), written atomically."""
     path = selection_path(run_dir)
     entries = json.loads(path.read_text(encoding="utf-8"))
     for entry in entries:
         if entry["name"] == name:
             entry["status"] = status
-            entry.pop("reason", None)
-            entry.pop("environment", None)
+            for key in ("reason", "environment", "nearest_level"):
+                entry.pop(key, None)
             if reason:
                 entry["reason"] = reason
-            if status == "READY":
+            if status in (READY, OUT_OF_BAND):
                 entry["environment"] = f"synthetic/{name}"
+            if nearest:
+                entry["nearest_level"] = nearest
     write_json(path, entries, sort_keys=False)
+
+
+def out_of_band_reason(nearest: CalibrationRound) -> str:
+    """Why a capability is OUT_OF_BAND, in one line: its nearest level and the figures outside the band."""
+    figures = "; ".join(nearest.reasons)
+    return f"no difficulty level tried was in the calibration band; the nearest, {nearest.difficulty}, is {nearest.verdict} ({figures})"
 
 
 # -- calibration rollouts on Ray ---------------------------------------------------------------
@@ -186,11 +200,11 @@ def synthesize_capability(
     spec.update(difficulty=result.difficulty, in_band=result.in_band, self_checks=checks[result.difficulty])
     write_json(folder / "calibration.json", {"capability": name, "band": vars(calibration.band), **result.to_json()})
     table = calibration_table(result.rounds)
-    verdict = "in band" if result.in_band else "no level tried was in band; the closest is kept"
+    verdict = "in band" if result.in_band else f"no level tried was in band; the nearest is kept and the status is {OUT_OF_BAND}"
     with atomic_path(folder / "calibration.md") as scratch:
         Path(scratch).write_text(f"# Calibration of {name}\n\nChosen difficulty {result.difficulty} ({verdict}).\n\n{table}\n")
     write_json(spec_path, spec)
-    spec["rounds"] = result.rounds
+    spec["chosen"] = result.chosen
     return spec
 
 
@@ -227,11 +241,17 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
             console.print(f"[red]{name} FAILED[/red]: {exc}")
             rows.append((name, config.synthesis.name, "-", "-", "-", "-", "FAILED"))
             continue
-        set_status(run_dir, name, "READY", None)
-        chosen = next(r for r in spec["rounds"] if r.difficulty == spec["difficulty"]).stats
+        chosen = spec["chosen"]
+        if spec["in_band"]:
+            status = READY
+            set_status(run_dir, name, status, None)
+        else:
+            status, reason = OUT_OF_BAND, out_of_band_reason(chosen)
+            set_status(run_dir, name, status, reason, chosen.figures())
+            console.print(f"[yellow]{name} {status}[/yellow]: {reason}", soft_wrap=True)
         rows.append((
             name, spec["source"], str(spec["difficulty"]), "yes" if spec["in_band"] else "no",
-            f"{chosen.mean_reward:.3f}", f"{chosen.success_rate:.3f}", "READY",
+            f"{chosen.stats.mean_reward:.3f}", f"{chosen.stats.success_rate:.3f}", status,
         ))
     print_table(
         f"synthetic environments in {run_dir / 'environments'} (base model {config.model.name})",
@@ -241,5 +261,8 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
     failed = [row[0] for row in rows if row[-1] == "FAILED"]
     if len(failed) == len(rows):
         raise TraceRayError(f"no capability got an environment ({', '.join(failed)}); see the reasons in {selection_path(run_dir)}")
+    outside = [row[0] for row in rows if row[-1] == OUT_OF_BAND]
+    if outside:
+        console.print(f"trace-ray train skips {', '.join(outside)} ({OUT_OF_BAND}) unless synthesis.accept_out_of_band=true")
     console.print(f"train one with env=synthetic/<capability> run_dir={run_dir}")
 

@@ -1,7 +1,9 @@
 """``trace-ray train run_dir=DIR``: one LoRA adapter per READY capability, GRPO on Ray Train (TRACE step 3).
 
 Jobs: every READY capability of ``DIR/capabilities/selected.json`` in its
-synthetic environment (``capability=NAME``: that one), or ``env=`` itself
+synthetic environment (``capability=NAME``: that one; an OUT_OF_BAND capability, whose calibration
+found no difficulty in band, is skipped with its reason unless
+``synthesis.accept_out_of_band=true``), or ``env=`` itself
 (``env=synthetic/<capability>``, or ``train_on=env`` for a target such as
 ``env=device``: the GRPO-on-target baseline). Each job is a
 ``TorchTrainer`` run (``trace_ray/training/train_loop.py``) whose checkpoints
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from trace_ray.capabilities.selection_file import read_selection, selection_path
+from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import synthetic_env_config
@@ -38,24 +40,43 @@ HELP = "train one LoRA adapter per READY capability with GRPO on Ray Train (run_
 POLL_S = 2.0
 
 
-def capability_jobs(config: TraceConfig, run_dir: Path) -> list[TrainJob]:
+def trainable_entries(config: TraceConfig, run_dir: Path) -> list[dict]:
+    """The READY capabilities (``capability=NAME``: that one), and the OUT_OF_BAND ones under
+    ``synthesis.accept_out_of_band=true``; one console line per OUT_OF_BAND capability, trained or skipped."""
     path = selection_path(run_dir)
     entries = read_selection(run_dir, "run trace-ray identify and trace-ray synthesize run_dir=DIR first")
     if config.capability:
         entries = [entry for entry in entries if entry.get("name") == config.capability]
         if not entries:
             raise TraceRayError(f"capability={config.capability!r} is not in {path}; choose one of its names")
-        if entries[0].get("status") != "READY":
+        if entries[0].get("status") not in (READY, OUT_OF_BAND):
             raise TraceRayError(
                 f"capability {config.capability!r} is {entries[0].get('status')}, not READY; run trace-ray synthesize run_dir={run_dir}"
             )
-    ready = [entry for entry in entries if entry.get("status") == "READY"]
-    if not ready:
+    accept = config.synthesis.accept_out_of_band
+    outside = [entry for entry in entries if entry.get("status") == OUT_OF_BAND]
+    for entry in outside:
+        verdict = "trained anyway (synthesis.accept_out_of_band=true)" if accept else "skipped"
+        console.print(f"{entry['name']}: {OUT_OF_BAND}, {verdict}: {entry.get('reason', 'no difficulty level in band')}", soft_wrap=True)
+    trainable = [entry for entry in entries if entry.get("status") in ((READY, OUT_OF_BAND) if accept else (READY,))]
+    if not trainable and outside:
+        names = ", ".join(entry["name"] for entry in outside)
+        raise TraceRayError(
+            f"no capability of {path} is trainable ({names}: {OUT_OF_BAND}, calibration found no difficulty in band); "
+            f"train them anyway with synthesis.accept_out_of_band=true, or re-synthesize them "
+            f"(trace-ray synthesize run_dir={run_dir} with other calibration.band or calibration.max_rounds)"
+        )
+    if not trainable:
         raise TraceRayError(f"no READY capability in {path}; run trace-ray synthesize run_dir={run_dir} first")
-    if config.adapter and len(ready) > 1:
+    return trainable
+
+
+def capability_jobs(config: TraceConfig, run_dir: Path) -> list[TrainJob]:
+    entries = trainable_entries(config, run_dir)
+    if config.adapter and len(entries) > 1:
         raise TraceRayError("adapter= names one adapter; add capability=NAME to train one capability under it")
     jobs = []
-    for entry in ready:
+    for entry in entries:
         name = entry["name"]
         output = run_dir / "adapters" / (config.adapter or name)
         jobs.append(TrainJob(config.adapter or name, synthetic_env_config(config, name), str(output)))

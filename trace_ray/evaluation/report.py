@@ -1,17 +1,23 @@
 """The evaluation table: per method, Perfect / success counts, mean reward with its bootstrap interval,
-the paired comparison against the base model, and the training rollouts the method spent.
+the paired comparison against the base model, and the training rollouts the method spent; then each
+TRACE method paired against GRPO on target and against the best single adapter. Every paired
+comparison of the report also gets its Holm-adjusted p-value (``p_holm``), the family being all of them.
 
 Pure: per-task scores in, rows and Markdown out (``trace_ray/commands/evaluate.py`` plays the tasks).
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 
-from trace_ray.evaluation.statistics import bootstrap_interval, paired_comparison
+from trace_ray.evaluation.statistics import bootstrap_interval, holm_adjusted, paired_comparison
 from trace_ray.metrics import summarize
 
 BASE_METHOD = "base"
+GRPO_METHOD = "GRPO on target"
+TRACE_PREFIX = "TRACE ("
+ADAPTER_PREFIX = "adapter:"
 
 
 @dataclass
@@ -34,11 +40,17 @@ def method_row(method: MethodScores, base: MethodScores, confidence: float, seed
         "method": method.name, "tasks": overall.episodes, "perfect": overall.perfect, "successes": overall.successes,
         "mean_reward": overall.mean_similarity, "interval": [low, high], "rollouts": method.rollouts,
         "families": {r.group: {"tasks": r.episodes, "perfect": r.perfect, "successes": r.successes, "mean_reward": r.mean_similarity} for r in rows[:-1]},
+        "rewards": [float(reward) for reward in method.rewards],  # per task, in the evaluation's task order
     }
     if method.name != base.name:
-        comparison = paired_comparison(method.rewards, base.rewards, confidence, seed=seed)
-        row["vs_base"] = {**asdict(comparison), "interval": list(comparison.interval)}
+        row["vs_base"] = compared(method, base, confidence, seed)
     return row
+
+
+def compared(method: MethodScores, baseline: MethodScores, confidence: float, seed: int) -> dict:
+    """The paired comparison of ``method`` with ``baseline`` on their (shared) tasks, as JSON values."""
+    comparison = paired_comparison(method.rewards, baseline.rewards, confidence, seed=seed)
+    return {**asdict(comparison), "interval": list(comparison.interval)}
 
 
 def report_rows(methods: list[MethodScores], confidence: float = 0.95, seed: int = 0) -> list[dict]:
@@ -49,12 +61,49 @@ def report_rows(methods: list[MethodScores], confidence: float = 0.95, seed: int
     return [method_row(method, base, confidence, seed) for method in methods]
 
 
+def best_adapter(methods: list[MethodScores]) -> MethodScores | None:
+    """The single-adapter method with the highest mean reward (ties: the first); None without one."""
+    adapters = [method for method in methods if method.name.startswith(ADAPTER_PREFIX)]
+    return max(adapters, key=lambda method: statistics.fmean(method.rewards), default=None)
+
+
+def trace_comparisons(methods: list[MethodScores], confidence: float = 0.95, seed: int = 0) -> list[dict]:
+    """Each TRACE method paired against GRPO on target and against the best single adapter (those evaluated)."""
+    references = [(GRPO_METHOD, next((m for m in methods if m.name == GRPO_METHOD), None)),
+                  ("best single adapter", best_adapter(methods))]
+    return [
+        {"method": method.name, "baseline": reference.name, "role": role, **compared(method, reference, confidence, seed)}
+        for method in methods if method.name.startswith(TRACE_PREFIX)
+        for role, reference in references if reference is not None
+    ]
+
+
+def evaluation_report(methods: list[MethodScores], confidence: float = 0.95, seed: int = 0) -> dict:
+    """The method rows (each compared with base), the TRACE comparisons, the best single adapter's name,
+    and ``p_holm`` in every paired comparison: Holm-adjusted across all of them."""
+    rows = report_rows(methods, confidence, seed)
+    comparisons = trace_comparisons(methods, confidence, seed)
+    paired = [row["vs_base"] for row in rows if "vs_base" in row] + comparisons
+    for comparison, adjusted in zip(paired, holm_adjusted([c["p_value"] for c in paired])):
+        comparison["p_holm"] = adjusted
+    best = best_adapter(methods)
+    return {"methods": rows, "comparisons": comparisons, "best_adapter": best.name if best else None}
+
+
+def _difference(versus: dict) -> str:
+    low, high = versus["interval"]
+    return f"{versus['mean_difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def _p(versus: dict) -> str:
+    return f"p={versus['p_value']:.3g}" + (f" Holm {versus['p_holm']:.3g}" if "p_holm" in versus else "")
+
+
 def _versus(row: dict) -> str:
     versus = row.get("vs_base")
     if versus is None:
         return "reference"
-    low, high = versus["interval"]
-    return f"{versus['mean_difference']:+.3f} [{low:+.3f}, {high:+.3f}] p={versus['p_value']:.3g} ({versus['wins']}W/{versus['losses']}L)"
+    return f"{_difference(versus)} {_p(versus)} ({versus['wins']}W/{versus['losses']}L)"
 
 
 def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
@@ -68,13 +117,39 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     ]
 
 
-TABLE_HEADER = ["method", "perfect", "success", "mean reward [95% CI]", "vs base: mean diff [CI] p (wins/losses)", "training rollouts"]
+TABLE_HEADER = ["method", "perfect", "success", "mean reward [95% CI]", "vs base: mean diff [CI] p, Holm p (wins/losses)", "training rollouts"]
 
 
-def report_markdown(title: str, rows: list[dict], unavailable: dict[str, str], notes: list[str]) -> str:
-    """The report: the main table first, then the methods that could not run, per-family rewards and notes."""
-    lines = [f"# {title}", "", "| " + " | ".join(TABLE_HEADER) + " |", "|---" * len(TABLE_HEADER) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+def comparison_rows(comparisons: list[dict]) -> list[tuple[str, ...]]:
+    """The TRACE comparisons' cells: method, against (which), mean difference [interval], p, Holm p, wins/losses/ties."""
+    return [
+        (
+            c["method"], c["baseline"] if c["baseline"] == c["role"] else f"{c['baseline']} ({c['role']})", _difference(c),
+            f"{c['p_value']:.3g}", f"{c['p_holm']:.3g}", f"{c['wins']}/{c['losses']}/{c['ties']}",
+        )
+        for c in comparisons
+    ]
+
+
+COMPARISON_HEADER = ["TRACE method", "against", "mean diff [CI]", "p", "Holm p", "wins/losses/ties"]
+
+
+def _table(header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|", *("| " + " | ".join(cells) + " |" for cells in rows)]
+
+
+def report_markdown(title: str, report: dict, unavailable: dict[str, str], notes: list[str]) -> str:
+    """The report (``evaluation_report``): the main table first, then the TRACE comparisons, the methods that
+    could not run, per-family rewards and notes."""
+    rows, comparisons = report["methods"], report["comparisons"]
+    lines = [f"# {title}", "", *_table(TABLE_HEADER, table_rows(rows))]
+    if comparisons:
+        paired = len(comparisons) + sum("vs_base" in row for row in rows)
+        lines += ["", "## TRACE against GRPO on target and the best single adapter", ""]
+        if report["best_adapter"]:
+            lines += [f"Best single adapter: {report['best_adapter']} (highest mean reward of the single adapters on these tasks).", ""]
+        lines += [f"Holm p: Holm-adjusted over all {paired} paired comparisons of this report (these and those against base).", ""]
+        lines += _table(COMPARISON_HEADER, comparison_rows(comparisons))
     if unavailable:
         lines += ["", "Not evaluated:", ""] + [f"- {name}: {reason}" for name, reason in unavailable.items()]
     families = sorted({family for row in rows for family in row["families"]})

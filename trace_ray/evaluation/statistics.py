@@ -8,7 +8,11 @@ Every method is played on the same tasks, so comparisons are paired by task:
   bootstrap interval, wins/losses/ties, and the two-sided p-value of the
   sign-flip permutation test (under "no difference" each task's difference is
   as likely positive as negative): exact over all 2^n sign patterns of the
-  non-zero differences up to ``EXACT_LIMIT`` of them, Monte Carlo beyond.
+  non-zero differences up to ``EXACT_LIMIT`` of them, Monte Carlo beyond, as
+  (b + 1) / (m + 1) for b of m random patterns at least as extreme (the
+  observed pattern counts as one of them, so the p-value is never 0);
+- :func:`holm_adjusted`: Holm-Bonferroni step-down adjusted p-values of a
+  family of comparisons.
 """
 
 from __future__ import annotations
@@ -41,7 +45,11 @@ def bootstrap_interval(values, confidence: float = 0.95, resamples: int = 10_000
 
 
 def sign_flip_p_value(differences, resamples: int = 100_000, seed: int = 0) -> float:
-    """Two-sided p-value of the sign-flip permutation test of a zero mean difference."""
+    """Two-sided p-value of the sign-flip permutation test of a zero mean difference.
+
+    Exact (the share of all sign patterns at least as extreme) up to ``EXACT_LIMIT`` non-zero
+    differences; beyond, (b + 1) / (resamples + 1) for b of ``resamples`` random patterns at least as extreme.
+    """
     nonzero = _values(differences)
     nonzero = nonzero[nonzero != 0]
     if nonzero.size == 0:
@@ -49,10 +57,29 @@ def sign_flip_p_value(differences, resamples: int = 100_000, seed: int = 0) -> f
     observed = abs(nonzero.sum())
     if nonzero.size <= EXACT_LIMIT:
         signs = np.array(list(itertools.product((1.0, -1.0), repeat=nonzero.size)))
-    else:
-        signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(resamples, nonzero.size))
-    sums = np.abs(signs @ nonzero)
-    return float(np.mean(sums >= observed - 1e-12))
+        return float(np.mean(np.abs(signs @ nonzero) >= observed - 1e-12))
+    signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(resamples, nonzero.size))
+    extreme = int(np.sum(np.abs(signs @ nonzero) >= observed - 1e-12))
+    return (extreme + 1) / (resamples + 1)
+
+
+def holm_adjusted(p_values) -> list[float]:
+    """Holm-Bonferroni adjusted p-values, in the order given.
+
+    With the m p-values sorted ascending, p_(1) <= ... <= p_(m), the i-th becomes
+    max over j <= i of min(1, (m - j + 1) p_(j)); rejecting where it is below alpha controls the
+    family-wise error rate at alpha.
+    """
+    values = [float(p) for p in p_values]
+    if not all(0.0 <= p <= 1.0 for p in values):
+        raise ValueError(f"p-values must lie in [0, 1], got {values}")
+    m = len(values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for j, index in enumerate(sorted(range(m), key=values.__getitem__)):  # j = 0 for the smallest
+        running = max(running, min(1.0, (m - j) * values[index]))
+        adjusted[index] = running
+    return adjusted
 
 
 @dataclass(frozen=True)

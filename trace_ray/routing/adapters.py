@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from trace_ray.capabilities.selection_file import read_selection, ready_entries
+from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
 from trace_ray.errors import TraceRayError
 
 LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "task_type")
@@ -34,9 +34,10 @@ def read_peft_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def trained_adapters(run_dir: Path) -> list[TrainedAdapter]:
-    """Every exported adapter of ``run_dir/adapters/`` whose capability is READY in selected.json, in selection order."""
+    """Every exported adapter of ``run_dir/adapters/`` whose capability has an environment in selected.json
+    (READY, or OUT_OF_BAND trained under ``synthesis.accept_out_of_band``), in selection order."""
     read_selection(run_dir, "run trace-ray identify, synthesize and train run_dir=DIR first")
-    entries = ready_entries(run_dir)
+    entries = synthesized_entries(run_dir)
     adapters = [
         TrainedAdapter(e["name"], run_dir / "adapters" / e["name"], e.get("description", ""), e.get("environment"))
         for e in entries
@@ -50,13 +51,13 @@ def trained_adapters(run_dir: Path) -> list[TrainedAdapter]:
 def served_adapters(run_dir: Path) -> list[TrainedAdapter]:
     """Every PEFT folder of ``run_dir/adapters/`` (one with adapter_model.safetensors), for serving.
 
-    Capabilities READY in selected.json come first, in selection order, with
+    Capabilities with an environment in selected.json (READY or OUT_OF_BAND) come first, in selection order, with
     their descriptions (the routable ones); any other adapter folder follows by
     name with no description (served only when a request names it).
     """
     folder = run_dir / "adapters"
     found = sorted(path.parent.name for path in folder.glob("*/adapter_model.safetensors"))
-    ready = {e["name"]: e for e in ready_entries(run_dir) if e["name"] in found}
+    ready = {e["name"]: e for e in synthesized_entries(run_dir) if e["name"] in found}
     described = [TrainedAdapter(name, folder / name, e.get("description", ""), e.get("environment")) for name, e in ready.items()]
     others = [TrainedAdapter(name, folder / name, "", None) for name in found if name not in ready]
     return described + others

@@ -252,12 +252,29 @@ class CalibrationRound:
             "reasons": list(self.reasons),
         }
 
+    def figures(self) -> dict:
+        """The level's verdict in brief: its band figures and the reasons it is out of band (none when in band)."""
+        return {
+            "difficulty": int(self.difficulty),
+            "verdict": self.verdict,
+            "mean_reward": float(self.stats.mean_reward),
+            "success_rate": float(self.stats.success_rate),
+            "all_success_fraction": float(self.stats.all_success_fraction),
+            "all_zero_fraction": float(self.stats.all_zero_fraction),
+            "reasons": list(self.reasons),
+        }
+
 
 @dataclass
 class SearchResult:
-    difficulty: int  # the chosen level
+    difficulty: int  # the chosen level: the in-band one, or else the nearest (see search_difficulty)
     in_band: bool
     rounds: list[CalibrationRound]
+
+    @property
+    def chosen(self) -> CalibrationRound:
+        """The round that evaluated the chosen level."""
+        return next(r for r in self.rounds if r.difficulty == self.difficulty)
 
     def to_json(self) -> dict:
         return {
@@ -268,7 +285,7 @@ class SearchResult:
 
 
 def _fallback(rounds: list[CalibrationRound], band: Band, rank: dict[int, int]) -> CalibrationRound:
-    """Best evaluated level when none was in band: highest informative fraction, then mean reward
+    """The nearest evaluated level when none was in band: highest informative fraction, then mean reward
     closest to the band's middle, then the lower (easier) difficulty."""
     middle = band.middle
     return min(
@@ -290,9 +307,9 @@ def search_difficulty(
     them; a too-easy level removes itself and every easier level, a too-hard one itself and every
     harder level, and the next level evaluated is the (lower) middle of the bracket. No level is
     evaluated twice. The search stops at the first in-band level, when the bracket is empty, or
-    after ``max_rounds`` evaluations; without an in-band level the chosen one is the evaluated
-    level with the highest informative fraction (ties: mean reward closest to the band's middle,
-    then the lower, i.e. easier, difficulty).
+    after ``max_rounds`` evaluations; without an in-band level (``in_band`` False) the chosen one is
+    the nearest: the evaluated level with the highest informative fraction (ties: mean reward
+    closest to the band's middle, then the lower, i.e. easier, difficulty).
     """
     levels = list(levels)
     if not levels:

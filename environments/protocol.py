@@ -83,15 +83,22 @@ class Environment(abc.ABC):
         The same seed gives the same fingerprint; different seeds must differ.
         """
 
-    def broken_oracle_message(self) -> Message:
-        """The oracle's next message with the step of the environment's capability broken.
+    def capability_turns(self) -> list[int]:
+        """The oracle's turns (0-based) in the current task that exercise the environment's capability.
 
         Synthetic capability environments implement it: the self-checks play
-        it and require a lower reward than the oracle's (the capability is
+        the oracle with these turns broken (see :meth:`broken_step`) and
+        require a lower reward than the oracle's (the capability is
         necessary). Target environments train no single capability and keep
         the default.
         """
         raise NotImplementedError(f"{type(self).__name__} targets no single capability")
+
+    def broken_step(self, turn: int) -> Message | None:
+        """The wrong message that breaks only the capability's own part of oracle ``turn`` (a template's own choice,
+        e.g. a reminder a day late); None: the self-checks corrupt the oracle's message themselves. Model-written
+        environments are never asked: the checks derive their broken steps."""
+        return None
 
     def capability_detectors(self) -> list[str]:
         """Names of the rule-based capabilities (``trace_ray.capabilities.rules.CATALOGUE``) whose detectors apply here.

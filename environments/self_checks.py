@@ -6,13 +6,21 @@
   argument corrupted, and no facts reported) stay below 1.0 on every task,
   and they and a random-action agent (random tools with random arguments)
   stay clearly below on average (mean <= ``WEAK_MEAN``);
+- the reward farmers of ``environments/adversaries.py`` (the dump agent: read
+  everything, say everything; the spray agent: call every tool with values
+  copied from what it saw) score near 0 (mean <= ``FARMER_MEAN``) and below
+  1.0 on every task;
 - every reward lies in [0, 1];
 - the same seed gives the identical task; different seeds give different tasks.
 
 A synthetic capability environment (``target_tools`` given) must also
 - offer the target's tools unchanged (a subset is fine), and
-- need its capability: the oracle with the capability's step broken
-  (``broken_oracle_message``) scores below 1.0 on every task.
+- need its capability: the oracle with the turns of ``capability_turns()``
+  broken scores below 1.0 on every task. A turn is broken by the
+  environment's own ``broken_step`` where it gives one (the templates here:
+  e.g. a reminder a day late), else by the checks: its calls' arguments
+  corrupted beyond any tolerance, or its reply emptied. Model-written
+  environments never choose: the sandbox answers no ``broken_step``.
 
 ``trace-ray check-env`` prints them; ``trace-ray synthesize`` admits an
 environment only when all pass; the tests run them too.
@@ -26,12 +34,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from environments.adversaries import ADVERSARIES, play_adversary
 from environments.protocol import Environment, Message, ResetResult, StepResult, ToolSchema
 from environments.tool_environment import broken_message
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _JSON_SCHEMA_TYPES = {"string", "integer", "number", "boolean", "array", "object"}
 WEAK_MEAN = 0.5  # the most a weak agent may score on average
+FARMER_MEAN = 0.05  # the most a reward farmer (environments/adversaries.py) may score on average
 RANDOM_TURNS = 4  # tool-call turns of the random-action agent before it replies
 
 
@@ -126,8 +136,16 @@ def wrong_action(env: Environment) -> Message:
     return broken_message(env.oracle_message())
 
 
-def broken_oracle(env: Environment) -> Message:
-    return env.broken_oracle_message()
+def play_broken_oracle(env: Environment, seed: int, max_steps: int = 100) -> tuple[float, dict[str, Any]]:
+    """The oracle's script with the capability's turns broken: the messages of a clean oracle episode, replayed with
+    each turn of ``capability_turns()`` replaced by ``broken_step`` or corrupted (an oracle that reads the state would
+    otherwise redo the broken step right after); when the script runs out, "Done." until the episode ends."""
+    messages, _, _ = play_recorded(env, seed, oracle, max_steps)
+    script = [message for message in messages if message.get("role") == "assistant"]
+    env.reset(seed)
+    turns = set(env.capability_turns())
+    broken = [(env.broken_step(turn) or broken_message(message)) if turn in turns else message for turn, message in enumerate(script)]
+    return _finish(env, seed, lambda env: broken.pop(0) if broken else do_nothing(env), max_steps)
 
 
 def _random_value(spec: dict[str, Any], rng: random.Random) -> Any:
@@ -173,13 +191,13 @@ def _failures(seeds: list[int], failed: list[int]) -> str:
     return f"{len(seeds) - len(failed)}/{len(seeds)} tasks; failing seeds: {shown}{' ...' if len(failed) > 8 else ''}"
 
 
-def _weak_agent_check(name: str, seeds: list[int], rewards: list[float], every_task: bool) -> CheckResult:
-    """Mean reward at most WEAK_MEAN; with ``every_task`` also below 1.0 on every task."""
+def _weak_agent_check(name: str, seeds: list[int], rewards: list[float], every_task: bool, at_most: float = WEAK_MEAN) -> CheckResult:
+    """Mean reward at most ``at_most``; with ``every_task`` also below 1.0 on every task."""
     mean = sum(rewards) / len(rewards)
     if not every_task:
-        return CheckResult(name, mean <= WEAK_MEAN, f"mean {mean:.2f} (at most {WEAK_MEAN})")
+        return CheckResult(name, mean <= at_most, f"mean {mean:.3f} (at most {at_most})")
     failed = [seed for seed, reward in zip(seeds, rewards) if reward >= 1.0]
-    return CheckResult(name, not failed and mean <= WEAK_MEAN, f"mean {mean:.2f} (at most {WEAK_MEAN}); " + _failures(seeds, failed))
+    return CheckResult(name, not failed and mean <= at_most, f"mean {mean:.3f} (at most {at_most}); " + _failures(seeds, failed))
 
 
 def run_self_checks(
@@ -208,8 +226,12 @@ def run_self_checks(
         results.append(_weak_agent_check(f"{agent} agent scores < 1.0, mean <= {WEAK_MEAN}", seeds, rewards[agent], every_task=True))
     # a random agent may luck into a one-bit task (a setting on or off): judged on its mean only
     results.append(_weak_agent_check(f"random-action agent mean <= {WEAK_MEAN}", seeds, rewards["random-action"], every_task=False))
+    for farmer in ADVERSARIES:
+        rewards[farmer.name] = [play_adversary(env, seed, farmer) for seed in seeds]
+        name = f"{farmer.name} agent scores < 1.0, mean <= {FARMER_MEAN}"
+        results.append(_weak_agent_check(name, seeds, rewards[farmer.name], every_task=True, at_most=FARMER_MEAN))
     if target_tools is not None:
-        broken = [play(env, seed, broken_oracle)[0] for seed in seeds]
+        broken = [play_broken_oracle(env, seed)[0] for seed in seeds]
         failed = [seed for seed, reward in zip(seeds, broken) if reward >= 1.0]
         results.append(CheckResult("capability necessary (broken step scores < 1.0)", not failed, _failures(seeds, failed)))
         rewards["broken-step"] = broken

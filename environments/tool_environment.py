@@ -100,11 +100,12 @@ def check_arguments(arguments: Any, parameters: dict[str, Any]) -> str | None:
 
 
 def corrupt(value: Any) -> Any:
-    """A wrong value of the same shape: booleans flipped, numbers shifted, strings reversed."""
+    """A wrong value of the same shape: booleans flipped, strings reversed, numbers shifted beyond any tolerance a
+    grader may allow (by 7, and by a thousandth of their size: a timestamp moves by weeks, a price by 7)."""
     if isinstance(value, bool):
         return not value
     if isinstance(value, (int, float)):
-        return value + 7
+        return value + 7 + abs(value) // 1000
     if isinstance(value, str):
         return value[::-1] if value != value[::-1] else value + "zzz"
     if isinstance(value, list):

@@ -137,7 +137,10 @@ def test_evidence_is_plain_json_and_depends_on_the_seed_only():
 # -- permission_error_recovery -----------------------------------------------------------------
 def test_skipping_the_fix_after_a_permission_error_lacks_recovery():
     seed = seed_of("blocked_settings")
-    assert labels(episode(seed, without(oracle(seed), "set_low_battery_mode_status"))) == expected(seed, "permission_error_recovery")
+    # its reply still says low battery mode was turned off, which is now false: the report is lacking too
+    assert labels(episode(seed, without(oracle(seed), "set_low_battery_mode_status"))) == expected(
+        seed, "permission_error_recovery", "information_reporting",
+    )
     seed = task_where(lambda evidence: evidence["family"] == "message_contact" and "PermissionError" in str(evidence["blockers"]))
     assert labels(episode(seed, without(oracle(seed), "set_low_battery_mode_status"))) == expected(seed, "permission_error_recovery")
 

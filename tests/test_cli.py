@@ -87,7 +87,8 @@ def test_cfg_prints_the_composed_config(capsys):
 def test_check_env_command_passes_on_device(capsys):
     assert main(["check-env", "env=device"]) == 0
     out = capsys.readouterr().out
-    assert out.count("PASS") == 8 and "all 8 self-checks passed" in out
+    assert out.count("PASS") == 10 and "all 10 self-checks passed" in out
+    assert "dump agent scores < 1.0, mean <= 0.05" in out and "spray agent scores < 1.0, mean <= 0.05" in out
 
 
 def test_score_with_tiny_model_writes_report_and_table(tmp_path, capsys):

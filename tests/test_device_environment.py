@@ -137,7 +137,8 @@ def test_ambiguous_contact_clarifies_and_wrong_contact_is_a_minefield():
     env.step(_call("send_message_with_phone_number", phone_number=wrong, content=target["content"]))
     env.step(scenario.oracle[2])
     result = env.step({"role": "assistant", "content": "Sent. Anything else?"})  # a second question ends the episode
-    assert result.done and result.reward == 0.0 and result.info["minefields_hit"] == ["texted someone else"]
+    assert result.done and result.reward == 0.0
+    assert result.info["minefields_hit"] == ["texted someone else", "changed what the task did not ask for"]
 
 
 def test_guessing_without_asking_loses_credit():
@@ -156,13 +157,29 @@ def test_questions_end_the_episode_when_there_is_nothing_to_clarify():
     assert env.step({"role": "assistant", "content": "Which setting?"}).done
 
 
+def test_asking_which_contact_earns_credit_only_when_the_question_names_them():
+    seed = _seed_of("ambiguous_contact")
+    for question, reward in (("Which one do you mean?", 3 / 4), ("Do you mean {0} or {1}?", 1.0), ("{0}, {1} or {2}?", 3 / 4)):
+        env = DeviceEnvironment()
+        env.reset(seed)
+        env.step(env.scenario.oracle[0])
+        matches = [match["name"] for match in json.loads(env.log.tool_calls[0].result)]
+        other = next(contact.name for contact in env.scenario.state.contacts if contact.name not in matches and not contact.is_self)
+        env.step({"role": "assistant", "content": question.format(*matches, other)})
+        env.step(env.scenario.oracle[2])
+        result = env.step({"role": "assistant", "content": "Sent."})
+        assert result.done and result.reward == pytest.approx(reward), question
+
+
 def test_partial_progress_earns_partial_credit():
     seed = _seed_of("relative_reminder")
     env = DeviceEnvironment()
     env.reset(seed)
-    env.step(_call("get_current_timestamp"))
+    add = next(message for message in env.scenario.oracle if message.get("tool_calls") and message["tool_calls"][0]["function"]["name"] == "add_reminder")
+    arguments = json.loads(add["tool_calls"][0]["function"]["arguments"])
+    env.step(_call("add_reminder", content=arguments["content"], reminder_timestamp=arguments["reminder_timestamp"] + 2 * 86400))
     result = env.step({"role": "assistant", "content": "Done."})
-    assert result.reward == pytest.approx(1 / 4)
+    assert result.reward == pytest.approx(1 / 3)  # the reminder's task (1), not its time (2)
 
 
 def test_oracle_message_errors_outside_its_script():

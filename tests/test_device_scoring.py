@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from environments.device.clock import to_timestamp, utc
+from environments.device.facts import PhoneFact, TextFact, date_fact, mentions, rival_text_fact, time_fact, weekday_fact
 from environments.device.milestones import (
-    AskedUser, ContactSaved, MessageSent, Milestone, PhoneFact, ReminderGone, ReminderSet, Reported,
-    SentToOther, SettingIs, TextFact, ToolCalled, date_fact, mentions, score_episode, time_fact, weekday_fact,
+    All, Asked, Collateral, ContactSaved, LookedUp, MessageSent, Milestone, Oracle, ReminderGone, ReminderSet, Reported,
+    SentToOther, SettingIs, bind_to_oracle, collateral_changes, score_episode,
 )
 from environments.device.state import Contact, DeviceState, Reminder, TextMessage
 from environments.tool_environment import EpisodeLog, ToolCallRecord
@@ -83,24 +84,90 @@ def test_contact_saved():
     assert not ContactSaved("Alice Chen", ALICE, "friend")(state, EpisodeLog())
 
 
-def test_tool_called_matches_an_argument_subset_of_successful_calls():
-    log = EpisodeLog(tool_calls=[
-        ToolCallRecord(1, "search_contacts", {"name": "alice "}, True, "[]"),
-        ToolCallRecord(2, "search_messages", {"sender_phone_number": "(212) 555-0111"}, True, "[]"),
-        ToolCallRecord(3, "set_wifi_status", {"on": True}, False, "Error: ..."),
-    ])
-    state = _state()
-    assert ToolCalled("search_contacts")(state, log)
-    assert ToolCalled("search_contacts", {"name": "Alice"})(state, log)
-    assert not ToolCalled("search_contacts", {"relationship": "sister"})(state, log)
-    assert ToolCalled("search_messages", {"sender_phone_number": ALICE})(state, log)
-    assert not ToolCalled("set_wifi_status")(state, log)
+def _search(turn: int, arguments: dict, found: str = '[{"person_id": "p2"}]', tool: str = "search_contacts") -> ToolCallRecord:
+    return ToolCallRecord(turn, tool, arguments, True, found)
 
 
-def test_asked_user_needs_a_question_before_the_last_reply():
-    assert not AskedUser()(_state(), EpisodeLog(replies=["Which Alex?"]))
-    assert not AskedUser()(_state(), EpisodeLog(replies=["I'll check.", "Done."]))
-    assert AskedUser()(_state(), EpisodeLog(replies=["Which Alex do you mean?", "Sent."]))
+def test_a_lookup_pays_only_for_the_tasks_own_arguments():
+    state, lookup = _state(), LookedUp("search_contacts", {"name": "Alice Chen"})
+    assert lookup(state, EpisodeLog(tool_calls=[_search(1, {"name": "alice chen "})]))
+    assert lookup(state, EpisodeLog(tool_calls=[_search(1, {}), _search(2, {"name": "Alice Chen"})]))  # reading all first is fine
+    assert not lookup(state, EpisodeLog(tool_calls=[_search(1, {})]))  # everything, without the task's argument
+    assert not lookup(state, EpisodeLog(tool_calls=[_search(1, {"relationship": "sister"})]))
+    failed = ToolCallRecord(1, "search_contacts", {"name": "Alice Chen"}, False, "Error: ...")
+    assert not lookup(state, EpisodeLog(tool_calls=[failed]))
+    assert LookedUp("search_messages", {"sender_phone_number": ALICE})(state, EpisodeLog(tool_calls=[
+        _search(1, {"sender_phone_number": "(212) 555-0111"}, tool="search_messages"),
+    ]))
+
+
+def test_a_lookup_is_void_when_other_records_were_looked_up_too():
+    state, lookup = _state(), LookedUp("search_contacts", {"name": "Alice Chen"})
+    spray = [_search(1, {"name": "Pat Owner"}), _search(2, {"name": "Alice Chen"})]
+    assert not lookup(state, EpisodeLog(tool_calls=spray))
+    misses = [_search(1, {"name": "Alicia"}, found="[]"), _search(2, {"name": "Alice Chen"})]  # a search that found nothing is harmless
+    assert lookup(state, EpisodeLog(tool_calls=misses))
+    # the oracle's own other lookups of the tool are allowed (a task that texts two people looks both up)
+    oracle = Oracle.of([{"role": "assistant", "tool_calls": [
+        {"function": {"name": "search_contacts", "arguments": '{"name": "Pat Owner"}'}},
+        {"function": {"name": "search_contacts", "arguments": '{"name": "Alice Chen"}'}},
+    ]}])
+    assert bind_to_oracle(lookup, oracle)(state, EpisodeLog(tool_calls=spray))
+
+
+def test_a_timestamp_lookup_matches_any_time_of_the_same_utc_day():
+    lookup = LookedUp("timestamp_to_datetime_info", {"timestamp": NOW})
+    same_day, next_day = NOW + 14 * 3600, NOW + 15 * 3600 + 86400
+    read = lambda timestamp: _search(1, {"timestamp": timestamp}, found="{}", tool="timestamp_to_datetime_info")  # noqa: E731
+    assert lookup(_state(), EpisodeLog(tool_calls=[read(same_day)]))
+    assert not lookup(_state(), EpisodeLog(tool_calls=[read(next_day)]))
+    assert not lookup(_state(), EpisodeLog(tool_calls=[read(same_day), read(next_day)]))
+
+
+def _asked(replies: list[str], turns_with_calls: tuple[int, ...] = ()) -> EpisodeLog:
+    calls = [ToolCallRecord(turn, "send_message_with_phone_number", {"phone_number": ALICE, "content": "hi"}, True, "{}") for turn in turns_with_calls]
+    return EpisodeLog(turns=len(replies) + len(calls), replies=replies, tool_calls=calls)
+
+
+def test_a_question_counts_when_it_names_the_look_alikes_and_no_one_else():
+    alice, alex = TextFact(("Alice Chen", "sister"), "contact", (("Alice Kim",), ("Bob Rossi",))), TextFact(("Alice Kim", "friend"), "contact", (("Alice Chen",), ("Bob Rossi",)))
+    asked = Asked((alice, alex), "send_message_with_phone_number")
+    assert asked(_state(), _asked(["Do you mean Alice Chen or Alice Kim?", "Sent."]))
+    assert asked(_state(), _asked(["Your sister or your friend?", "Sent."]))
+    assert not asked(_state(), _asked(["Which Alice do you mean?", "Sent."]))  # names neither
+    assert not asked(_state(), _asked(["Alice Chen, Alice Kim or Bob Rossi?", "Sent."]))  # names everyone
+    assert not asked(_state(), _asked(["Alice Chen or Alice Kim?"]))  # the last reply is no question to the user
+    assert not asked(_state(), _asked(["Alice Chen or Alice Kim?", "Sent."], turns_with_calls=(1,)))  # asked after texting
+
+
+def test_a_report_of_a_change_counts_only_when_the_change_was_made():
+    state, told = _state(), All((SettingIs("low_battery_mode", False), Reported((TextFact(("low battery",)),))))
+    said = EpisodeLog(replies=["I turned off low battery mode."])
+    state.settings.low_battery_mode = True
+    assert not told(state, said)
+    state.settings.low_battery_mode = False
+    assert told(state, said) and not told(state, EpisodeLog(replies=["Done."]))
+
+
+def test_collateral_changes_are_what_the_oracle_leaves_alone():
+    initial = _state()
+    initial.reminders.append(Reminder("r1", "Call the dentist", NOW + 3600, NOW))
+    expected = initial.copy()
+    expected.settings.wifi = not initial.settings.wifi  # the task: toggle wifi and text Alice
+    expected.messages.append(TextMessage("m9", OWNER, ALICE, "hi", NOW))
+    final = expected.copy()
+    assert collateral_changes(initial, expected, final) == []
+    assert not Collateral(initial, expected)(final, EpisodeLog())
+    final.settings.location_service = not final.settings.location_service
+    final.contacts[1].relationship = "friend"
+    final.messages.append(TextMessage("m10", OWNER, BOB, "hi", NOW))
+    final.contacts.append(final.contacts[1].__class__("p9", "New Person", BOB))
+    final.reminders.clear()
+    final.reminders.append(Reminder("r7", "Water the plants", NOW + 7200, NOW))
+    assert collateral_changes(initial, expected, final) == [
+        "setting location_service", "contact p2", "new contacts", f"message to {BOB}", "reminder r1 removed", "new reminders",
+    ]
+    assert Collateral(initial, expected)(final, EpisodeLog())
 
 
 @pytest.mark.parametrize("said", ["Her number is 212-555-0111.", "Call (212) 555-0111", "+1 212 555 0111", "It's 2125550111!", "+12125550111"])
@@ -120,6 +187,39 @@ def test_report_milestone_needs_every_fact():
     assert reported(_state(), EpisodeLog(replies=["Looking...", "the 4th of march, at 17:00"]))
     assert not reported(_state(), EpisodeLog(replies=["It is on March 4."]))
     assert not reported(_state(), EpisodeLog(replies=["It is on March 14 at 5 PM."]))
+
+
+@pytest.mark.parametrize("said", [
+    "It is on March 4 or March 5 at 5 PM.",  # a second day
+    "March 4, at 5 PM or 6:30 PM",  # a second time
+    "March 4 at 5 PM. Monday Tuesday Wednesday January February 1 2 3 4 5 May 6 June 7",  # everything else too
+    "Her number is +1-212-555-0111, or 617 555 0122.",
+])
+def test_a_report_with_a_rival_value_of_the_same_kind_does_not_count(said):
+    moment = utc(2027, 3, 4, 17, 0)
+    facts = (PhoneFact(ALICE),) if "number" in said else (date_fact(moment), time_fact(moment))
+    assert not Reported(facts)(_state(), EpisodeLog(replies=[said]))
+    assert all(fact.found_in(said) for fact in facts)  # each fact alone is there
+
+
+def test_the_oracles_own_words_are_no_rivals():
+    """A reply may state what the reference answer states (a reminder's date beside the weekday asked for)."""
+    weekday = Reported((weekday_fact(utc(2027, 3, 4)),))  # a Thursday
+    answer = "March 4 is a Thursday, and your reminder is on Monday, March 8."
+    assert not weekday(_state(), EpisodeLog(replies=[answer]))
+    bound = bind_to_oracle(weekday, Oracle.of([{"role": "assistant", "content": "Thursday. The reminder: Monday, March 8, 2027."}]))
+    assert bound(_state(), EpisodeLog(replies=[answer]))
+    assert not bound(_state(), EpisodeLog(replies=[answer + " Or a Friday."]))
+
+
+def test_stated_values_of_each_kind():
+    text = "On 2027-03-04, the 5th of April and Dec 25 at 8:30am, 17:00, noon and 9 PM, call 212-555-0111 or 1804377600."
+    assert date_fact(utc(2027, 1, 1)).stated(text) == {(3, 4), (4, 5), (12, 25)}
+    assert time_fact(utc(2027, 1, 1)).stated(text) == {(8, 30), (17, 0), (12, 0), (21, 0)}
+    assert PhoneFact(ALICE).stated(text) == {"2125550111", "1804377600"}  # ten digits read as a number either way
+    assert weekday_fact(utc(2027, 3, 4)).stated("Thursday or friday, not Thurs") == {"thursday", "friday"}
+    on = rival_text_fact(("on",), "on/off", ("on", "off"))
+    assert on.stated("wifi is on") == {"on"} and on.stated("on or off") == {"on", "off"}
 
 
 @pytest.mark.parametrize("said", ["5pm", "5 PM", "5:00 p.m.", "17:00", "at 17:00:00 UTC"])

@@ -10,7 +10,7 @@ from environments.device.draft import Draft
 from environments.device.environment import DeviceEnvironment
 from environments.device.synthetic import DeviceTemplateEnvironment, device_template
 from environments.device.synthetic_templates import DIFFICULTIES, TEMPLATES
-from environments.self_checks import do_nothing, oracle, play, run_self_checks, wrong_action
+from environments.self_checks import do_nothing, oracle, play, play_broken_oracle, run_self_checks, wrong_action
 from trace_ray.capabilities.rules import CATALOGUE
 
 CASES = [(capability, difficulty) for capability in TEMPLATES for difficulty in TEMPLATES[capability].difficulties]
@@ -18,10 +18,6 @@ CASES = [(capability, difficulty) for capability in TEMPLATES for difficulty in 
 
 def _seeds(capability: str, difficulty: int, count: int = 8) -> list[int]:
     return DeviceTemplateEnvironment(capability, difficulty).task_seeds("analysis")[:count]
-
-
-def _broken_oracle(env):
-    return env.broken_oracle_message()
 
 
 def _replay(env: DeviceTemplateEnvironment, seed: int, messages: list[dict]) -> float:
@@ -58,9 +54,8 @@ def test_every_template_passes_the_self_checks_and_needs_its_capability(capabili
         assert scenario.capability_turns, f"seed {seed}: no capability step marked"
         assert all(0 <= turn < len(scenario.oracle) for turn in scenario.capability_turns)
         assert len(scenario.milestones) >= 2  # partial credit is possible
-        rewards = {name: play(env, seed, policy)[0] for name, policy in (
-            ("oracle", oracle), ("do-nothing", do_nothing), ("wrong-action", wrong_action), ("broken-oracle", _broken_oracle),
-        )}
+        rewards = {name: play(env, seed, policy)[0] for name, policy in (("oracle", oracle), ("do-nothing", do_nothing), ("wrong-action", wrong_action))}
+        rewards["broken-oracle"] = play_broken_oracle(env, seed)[0]
         assert all(0.0 <= reward <= 1.0 for reward in rewards.values()), rewards
         assert rewards["oracle"] == 1.0
         assert rewards["broken-oracle"] < 1.0, f"seed {seed}: the task does not need {capability}"
@@ -79,7 +74,7 @@ def test_milestone_weights_give_partial_credit(capability):
     for difficulty in DIFFICULTIES:
         env = DeviceTemplateEnvironment(capability, difficulty)
         for seed in _seeds(capability, difficulty, 4):
-            rewards |= {play(env, seed, _half_oracle)[0], play(env, seed, _broken_oracle)[0]}
+            rewards |= {play(env, seed, _half_oracle)[0], play_broken_oracle(env, seed)[0]}
     assert any(0.0 < reward < 1.0 for reward in rewards), rewards
 
 

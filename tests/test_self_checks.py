@@ -1,3 +1,6 @@
+import json
+
+from environments.adversaries import DumpAgent, SprayAgent, play_adversary
 from environments.device.environment import DeviceEnvironment
 from environments.self_checks import run_self_checks, schema_problems
 
@@ -12,7 +15,8 @@ def test_device_environment_passes_every_self_check():
     results = run_self_checks(DeviceEnvironment, seeds)
     assert [result.name for result in results] == [
         "tool schemas valid", "oracle scores 1.0", "do-nothing agent scores < 1.0, mean <= 0.5",
-        "wrong-action agent scores < 1.0, mean <= 0.5", "random-action agent mean <= 0.5", "rewards within [0, 1]",
+        "wrong-action agent scores < 1.0, mean <= 0.5", "random-action agent mean <= 0.5",
+        "dump agent scores < 1.0, mean <= 0.05", "spray agent scores < 1.0, mean <= 0.05", "rewards within [0, 1]",
         "same seed, same task", "different seeds, different tasks",
     ]
     assert all(result.passed for result in results), [r for r in results if not r.passed]
@@ -64,14 +68,17 @@ class WrongTools(DeviceEnvironment):
         result.tools[:2] = [{"type": "function", "function": first}, {"type": "function", "function": second}]
         return result
 
-    def broken_oracle_message(self):
-        return {"role": "assistant", "content": "Done."}
+    def capability_turns(self):
+        return [0]
 
 
 class NoCapability(DeviceEnvironment):
     """Claims a capability but its broken step is the oracle's own."""
 
-    def broken_oracle_message(self):
+    def capability_turns(self):
+        return [0]
+
+    def broken_step(self, turn):
         return self.oracle_message()
 
 
@@ -103,3 +110,70 @@ def test_schema_problems_are_named():
     assert any("required ['y']" in p for p in problems)
     assert any("argument z has no valid type" in p for p in problems)
     assert any("defined twice" in p for p in problems)
+
+
+class PaysForLongReplies(DeviceEnvironment):
+    """A grader that pays whoever says a lot: the dump agent farms it."""
+
+    def score(self):
+        reward, info = super().score()
+        return (1.0 if sum(map(len, self.log.replies)) > 2000 else reward), info
+
+
+class PaysForWrites(DeviceEnvironment):
+    """A grader that pays any successful state change: the spray agent farms it (the dump agent never writes)."""
+
+    def score(self):
+        reward, info = super().score()
+        writes = [call for call in self.log.tool_calls if call.ok and call.name.startswith(("set_", "add_", "send_", "modify_", "remove_"))]
+        return (1.0 if writes else reward), info
+
+
+def test_farmable_graders_fail_the_farmer_checks():
+    seeds = list(range(14))
+    dump, spray = "dump agent scores < 1.0, mean <= 0.05", "spray agent scores < 1.0, mean <= 0.05"
+    long_replies = by_name(run_self_checks(PaysForLongReplies, seeds))
+    assert not long_replies[dump].passed and not long_replies[spray].passed
+    assert "mean 1.000" in long_replies[dump].detail and "failing seeds: 0, 1, 2" in long_replies[dump].detail
+    writes = by_name(run_self_checks(PaysForWrites, seeds))
+    assert writes[dump].passed and not writes[spray].passed
+
+
+def _first_action(agent_class, seed=0):
+    env = DeviceEnvironment()
+    agent = agent_class(env.reset(seed))
+    return env, agent, agent.act([])
+
+
+def test_the_dump_agent_reads_every_argument_free_tool_then_says_everything():
+    env, agent, action = _first_action(DumpAgent)
+    free = [tool["function"]["name"] for tool in env.reset(0).tools if not tool["function"]["parameters"].get("required")]
+    called = []
+    while action.get("tool_calls"):
+        called += [call["function"]["name"] for call in action["tool_calls"]]
+        assert all(json.loads(call["function"]["arguments"]) == {} for call in action["tool_calls"])
+        action = agent.act(env.step(action).messages)
+    assert called == free and "search_contacts" in called and "get_current_timestamp" in called
+    reply = action["content"]
+    owner = env.scenario.state.owner
+    assert env.scenario.request in reply and owner.phone_number in reply  # every observation
+    for distractor in ("Wednesday", "October", "October 17", "31", "7:45 pm", "19:30", "yes", "no", "off", "$25.00"):
+        assert distractor in reply.splitlines(), distractor
+
+
+def test_the_spray_agent_calls_every_tool_with_seen_values():
+    env = DeviceEnvironment()
+    agent = SprayAgent(env.reset(3))
+    action, calls = agent.act([]), []
+    while action.get("tool_calls"):
+        calls += [(call["function"]["name"], json.loads(call["function"]["arguments"])) for call in action["tool_calls"]]
+        action = agent.act(env.step(action).messages)
+    names = {contact.name for contact in env.scenario.state.contacts}
+    numbers = {contact.phone_number for contact in env.scenario.state.contacts}
+    searched = [arguments["name"] for name, arguments in calls if name == "search_contacts" and "name" in arguments]
+    assert names <= set(searched)  # every name of the contact list it read (values seen under the argument's key come first)
+    sent = [arguments["phone_number"] for name, arguments in calls if name == "send_message_with_phone_number"]
+    assert numbers <= set(sent)
+    assert {(name, arguments["on"]) for name, arguments in calls if name == "set_wifi_status"} == {("set_wifi_status", True), ("set_wifi_status", False)}
+    assert {name for name, _ in calls} == {tool["function"]["name"] for tool in env.reset(3).tools}
+    assert play_adversary(DeviceEnvironment(), 3, SprayAgent) == 0.0

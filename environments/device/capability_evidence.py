@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.device.milestones import Milestone, Reported
+from environments.device.milestones import Milestone, reports_facts
 from environments.device.scenarios import make_scenario
 from environments.device.tools import DeviceTools
 from environments.tool_environment import EpisodeLog, ToolError
@@ -120,7 +120,7 @@ def device_capability_evidence(seed: int) -> dict[str, Any]:
                 actions[step.key] = {**step.action(), "requested": not refused - {step.key}}  # else it fixes a refused call
         if step.error is None:
             refused.discard(step.key)
-    reports = [milestone.name for milestone in scenario.milestones if isinstance(milestone.holds, Reported)]
+    reports = [milestone.name for milestone in scenario.milestones if reports_facts(milestone.holds)]
     uses_clock = any(step.tool in CLOCK_TOOLS for step in steps)
     reads_several = any(isinstance(step.result, list) and len(step.result) >= 2 for step in steps)
     evidence = {

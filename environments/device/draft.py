@@ -9,11 +9,13 @@ from datetime import datetime
 from typing import Any
 
 from environments.device.clock import to_datetime, to_timestamp, utc
-from environments.device.milestones import Milestone, Predicate
+from environments.device.milestones import Collateral, Milestone, Oracle, Predicate, bind_to_oracle
 from environments.device.phone_numbers import canonical_phone
 from environments.device.state import Contact, DeviceState, Reminder, Settings, TextMessage
+from environments.device.tools import DeviceTools
 from environments.device.vocabulary import AREA_CODES, CHAT_MESSAGES, COMMON_RELATIONSHIPS, FIRST_NAMES, LAST_NAMES, TASKS
 from environments.protocol import Message
+from environments.tool_environment import ToolError
 
 DAY = 86400
 
@@ -31,6 +33,12 @@ def random_now(rng: random.Random) -> int:
     return to_timestamp(utc(year, month, day, hour, rng.randint(0, 59), rng.randint(0, 59)))
 
 
+def call_message(tool: str, call_id: str, /, **arguments: Any) -> Message:
+    """An assistant message with one tool call."""
+    call = {"id": call_id, "type": "function", "function": {"name": tool, "arguments": json.dumps(arguments)}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
 class Draft:
     """The phone starts with its owner, 3-5 other contacts, some chat history and 1-3 reminders.
 
@@ -46,6 +54,7 @@ class Draft:
         self.oracle: list[Message] = []
         self.clarification: str | None = None
         self.capability_turns: list[int] = []  # oracle turns that exercise a synthetic environment's capability
+        self.broken_turns: dict[int, Message] = {}  # capability turns with the wrong action that breaks them
         self._first_names = rng.sample(FIRST_NAMES, len(FIRST_NAMES))
         self._chats = rng.sample(CHAT_MESSAGES, len(CHAT_MESSAGES))
         self._tasks = rng.sample(TASKS, len(TASKS))
@@ -127,13 +136,34 @@ class Draft:
 
     def call(self, tool: str, /, **arguments: Any) -> None:
         """Append an oracle turn with one tool call."""
-        call = {"id": f"call_{len(self.oracle)}", "type": "function", "function": {"name": tool, "arguments": json.dumps(arguments)}}
-        self.oracle.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        self.oracle.append(call_message(tool, f"call_{len(self.oracle)}", **arguments))
 
     def say(self, text: str) -> None:
         """Append an oracle turn that replies to the user."""
         self.oracle.append({"role": "assistant", "content": text})
 
-    def mark_capability_step(self) -> None:
-        """Mark the last oracle turn as the step the task's capability names (the self-checks break it)."""
-        self.capability_turns.append(len(self.oracle) - 1)
+    def mark_capability_step(self, instead: Message | None = None) -> None:
+        """Mark the last oracle turn as the step the task's capability names; ``instead``: the wrong message that breaks
+        only that step (else the self-checks corrupt the turn's arguments)."""
+        turn = len(self.oracle) - 1
+        self.capability_turns.append(turn)
+        if instead is not None:
+            self.broken_turns[turn] = instead
+
+    def finish(self) -> None:
+        """Judge the milestones against the finished oracle, and add the minefield of changes the task does not ask for."""
+        oracle = Oracle.of(self.oracle)
+        self.milestones = [Milestone(milestone.name, bind_to_oracle(milestone.holds, oracle), milestone.weight) for milestone in self.milestones]
+        self.minefield("changed what the task did not ask for", Collateral(self.state.copy(), self.oracle_final_state()))
+
+    def oracle_final_state(self) -> DeviceState:
+        """The state the oracle's tool calls leave (the calls the phone refuses change nothing)."""
+        state = self.state.copy()
+        tools = {tool.name: tool.fn for tool in DeviceTools(state).tools()}
+        for message in self.oracle:
+            for call in message.get("tool_calls") or []:
+                try:
+                    tools[call["function"]["name"]](**json.loads(call["function"]["arguments"]))
+                except ToolError:
+                    pass
+        return state

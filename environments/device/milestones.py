@@ -1,22 +1,29 @@
 """Scoring: weighted milestones checked against the final state and the episode log.
 
 A milestone is a name, a weight and a predicate ``(state, log) -> bool``. The
-predicates are state checks (a setting, a sent message, a reminder, a contact),
-action checks (a successful tool call with given arguments) and report checks
-(the agent's replies contain required facts). Minefields use the same
-predicates: any minefield that holds makes the score 0.
+predicates are state checks (a setting, a sent message, a reminder, a
+contact), read checks (a lookup with the task's own arguments), report checks
+(the agent's replies state the asked facts and no rival value of their kind)
+and question checks. Minefields use the same predicates: any minefield that
+holds makes the score 0; every task has one for changes it did not ask for.
+
+Some predicates are judged against the task's reference solution, its oracle:
+a report may state what the oracle's replies state, a lookup may repeat any
+of the oracle's lookups, and the oracle's final state says which changes the
+task asks for. A scenario binds them once it is built (:func:`bind_to_oracle`).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from datetime import datetime
+import json
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from environments.device.clock import MONTHS, WEEKDAYS
+from environments.device.clock import to_datetime
+from environments.device.facts import Fact, mentions, mentions_all, states_only_allowed
 from environments.device.phone_numbers import same_phone
-from environments.device.state import DeviceState
+from environments.device.state import SETTINGS, Contact, DeviceState
+from environments.protocol import Message
 from environments.tool_environment import EpisodeLog
 
 Predicate = Callable[[DeviceState, EpisodeLog], bool]
@@ -29,79 +36,26 @@ class Milestone:
     weight: float = 1.0
 
 
-# -- text matching ----------------------------------------------------------------------
-def normalise(text: str) -> str:
-    """Lower case, ``p.m.`` -> ``pm``, ``5pm`` -> ``5 pm``, hyphens and commas as spaces, single spaces."""
-    text = text.casefold().replace("a.m.", "am").replace("p.m.", "pm")
-    text = re.sub(r"(\d)\s*(am|pm)\b", r"\1 \2", text)
-    return " ".join(re.sub(r"[-,]", " ", text).split())
-
-
-def mentions(text: str, phrase: str) -> bool:
-    """Whether ``phrase`` occurs in ``text`` as whole words, after :func:`normalise`."""
-    pattern = r"(?<!\w)" + re.escape(normalise(phrase)) + r"(?!\w)"
-    return re.search(pattern, normalise(text)) is not None
-
-
-def mentions_all(text: str, words: tuple[str, ...]) -> bool:
-    return all(mentions(text, word) for word in words)
-
-
-_PHONE_SPAN = re.compile(r"\+?\(?\d[\d\s().\-]{5,}\d")
-
-
 @dataclass(frozen=True)
-class PhoneFact:
-    """A phone number, found in any common format (compared by its digits)."""
+class Oracle:
+    """What a predicate may be judged against: the oracle's replies (joined) and its tool calls (name, JSON arguments)."""
 
-    phone_number: str
+    replies: str
+    calls: tuple[tuple[str, str], ...]
 
-    def found_in(self, text: str) -> bool:
-        return any(same_phone(span, self.phone_number) for span in _PHONE_SPAN.findall(text))
-
-
-@dataclass(frozen=True)
-class TextFact:
-    """Found when any one of its phrasings is mentioned."""
-
-    phrasings: tuple[str, ...]
-
-    def found_in(self, text: str) -> bool:
-        return any(mentions(text, phrasing) for phrasing in self.phrasings)
+    @classmethod
+    def of(cls, messages: list[Message]) -> Oracle:
+        replies = "\n".join(message["content"] for message in messages if message.get("content"))
+        calls = tuple(
+            (call["function"]["name"], call["function"]["arguments"]) for message in messages for call in message.get("tool_calls") or []
+        )
+        return cls(replies, calls)
 
 
-def _ordinal(day: int) -> str:
-    suffix = "th" if 10 <= day % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
-    return f"{day}{suffix}"
-
-
-def weekday_fact(moment: datetime) -> TextFact:
-    return TextFact((WEEKDAYS[moment.weekday()],))
-
-
-def date_fact(moment: datetime) -> TextFact:
-    month, day = MONTHS[moment.month - 1], moment.day
-    return TextFact((
-        f"{month} {day}", f"{month} {_ordinal(day)}", f"{day} {month}", f"{_ordinal(day)} {month}",
-        f"{_ordinal(day)} of {month}", f"{month[:3]} {day}", f"{moment.year}-{moment.month:02d}-{day:02d}",
-    ))
-
-
-def time_fact(moment: datetime) -> TextFact:
-    """12-hour (``5:00 pm``, ``5 pm``) or 24-hour (``17:00``) phrasings of the clock time."""
-    hour, minute = moment.hour % 12 or 12, f"{moment.minute:02d}"
-    half = "am" if moment.hour < 12 else "pm"
-    phrasings = [f"{hour}:{minute} {half}", f"{moment.hour:02d}:{minute}"]
-    if moment.minute == 0:
-        phrasings.append(f"{hour} {half}")
-    if (moment.hour, moment.minute) == (12, 0):
-        phrasings.append("noon")
-    if (moment.hour, moment.minute) == (0, 0):
-        phrasings.append("midnight")
-    return TextFact(tuple(phrasings))
-
-
-Fact = PhoneFact | TextFact
+def bind_to_oracle(predicate: Predicate, oracle: Oracle) -> Predicate:
+    """``predicate`` judged against ``oracle`` where it needs one (see :class:`Reported`, :class:`LookedUp`, :class:`All`)."""
+    bind = getattr(predicate, "bound_to", None)
+    return bind(oracle) if bind is not None else predicate
 
 
 # -- state predicates ---------------------------------------------------------------------
@@ -170,26 +124,97 @@ class ContactSaved:
         )
 
 
-# -- action predicates ----------------------------------------------------------------------
-def _same_argument(given: Any, expected: Any) -> bool:
+@dataclass(frozen=True)
+class Collateral:
+    """The agent changed something the task does not ask for: something the oracle leaves as it found it.
+
+    ``initial`` is the task's starting state, ``expected`` the state the
+    oracle's calls leave. Changes: a setting, or an existing contact, the
+    oracle does not touch; more new contacts or reminders than the oracle
+    makes; a message to someone the oracle does not text; a reminder the
+    oracle keeps, removed.
+    """
+
+    initial: DeviceState
+    expected: DeviceState
+
+    def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
+        return bool(collateral_changes(self.initial, self.expected, state))
+
+
+def _card(contact: Contact) -> tuple[str, str, str]:
+    return contact.name, contact.phone_number, contact.relationship
+
+
+def collateral_changes(initial: DeviceState, expected: DeviceState, final: DeviceState) -> list[str]:
+    """What ``final`` changed of ``initial`` that ``expected`` leaves unchanged (see :class:`Collateral`)."""
+    changes = [
+        f"setting {name}" for name in SETTINGS
+        if getattr(final.settings, name) != getattr(initial.settings, name) and getattr(expected.settings, name) == getattr(initial.settings, name)
+    ]
+    before = {contact.person_id: _card(contact) for contact in initial.contacts}
+    kept = {contact.person_id: _card(contact) for contact in expected.contacts}
+    now = {contact.person_id: _card(contact) for contact in final.contacts}
+    changes += [f"contact {person}" for person, card in before.items() if now.get(person) != card and kept.get(person) == card]
+    if len(set(now) - set(before)) > len(set(kept) - set(before)):
+        changes.append("new contacts")
+    old_messages = {message.message_id for message in initial.messages}
+    texted = [message.recipient_phone_number for message in expected.messages if message.message_id not in old_messages]
+    changes += [
+        f"message to {message.recipient_phone_number}" for message in final.messages
+        if message.message_id not in old_messages and not any(same_phone(message.recipient_phone_number, number) for number in texted)
+    ]
+    old_reminders = {reminder.reminder_id for reminder in initial.reminders}
+    expected_reminders = {reminder.reminder_id for reminder in expected.reminders}
+    final_reminders = {reminder.reminder_id for reminder in final.reminders}
+    changes += [f"reminder {reminder} removed" for reminder in sorted((old_reminders & expected_reminders) - final_reminders)]
+    if len(final_reminders - old_reminders) > len(expected_reminders - old_reminders):
+        changes.append("new reminders")
+    return changes
+
+
+# -- read predicates ------------------------------------------------------------------------
+def _same_argument(key: str, given: Any, expected: Any) -> bool:
+    """Equal values; strings ignoring case (phone numbers by digits); a timestamp to read anywhere in the same UTC day."""
     if isinstance(given, str) and isinstance(expected, str):
         return given.strip().casefold() == expected.strip().casefold() or same_phone(given, expected)
+    if key == "timestamp" and isinstance(given, int) and isinstance(expected, int) and not isinstance(given, bool):
+        try:
+            return to_datetime(given).date() == to_datetime(expected).date()
+        except ValueError:
+            return False
     return given == expected
 
 
+def _has_arguments(given: dict[str, Any] | None, expected: dict[str, Any]) -> bool:
+    return given is not None and all(key in given and _same_argument(key, given[key], value) for key, value in expected.items())
+
+
 @dataclass(frozen=True)
-class ToolCalled:
-    """A successful call of ``tool`` whose arguments include ``arguments``."""
+class LookedUp:
+    """A successful ``tool`` call with the task's own ``arguments``, and no call of it that found other records.
+
+    A call without arguments (read everything) earns nothing. A call with
+    other arguments than any of the oracle's calls of ``tool`` that returned
+    something (another contact, another day) voids the milestone: trying
+    every value in turn is not looking the task's record up.
+    """
 
     tool: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    oracle_arguments: tuple[str, ...] = ()  # JSON arguments of the oracle's calls of ``tool``
+
+    def bound_to(self, oracle: Oracle) -> LookedUp:
+        return replace(self, oracle_arguments=tuple(arguments for name, arguments in oracle.calls if name == self.tool))
 
     def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
-        return any(
-            call.ok and call.name == self.tool
-            and all(key in call.arguments and _same_argument(call.arguments[key], value) for key, value in self.arguments.items())
-            for call in log.tool_calls
-        )
+        calls = [call for call in log.tool_calls if call.ok and call.name == self.tool and call.arguments]
+        allowed = [self.arguments, *(json.loads(arguments) for arguments in self.oracle_arguments)]
+        strays = [
+            call for call in calls
+            if call.result.strip() not in ("[]", "") and not any(_has_arguments(call.arguments, expected) for expected in allowed)
+        ]
+        return any(_has_arguments(call.arguments, self.arguments) for call in calls) and not strays
 
 
 @dataclass(frozen=True)
@@ -208,22 +233,58 @@ class SentToOther:
 
 # -- conversation predicates --------------------------------------------------------------
 @dataclass(frozen=True)
-class AskedUser:
-    """The agent asked the user a question (a reply with '?') and carried on afterwards."""
+class Asked:
+    """Before the first successful ``before_tool`` call (None: any time) and before its last reply, the agent asked the
+    user a question (a reply with '?') naming at least two of the ``candidates`` and no value of their kind outside them.
+    """
+
+    candidates: tuple[Fact, ...]
+    before_tool: str | None = None
 
     def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
-        return any("?" in reply for reply in log.replies[:-1])
+        called = {call.turn for call in log.tool_calls}
+        reply_turns = [turn for turn in range(1, log.turns + 1) if turn not in called]  # one reply per turn without calls
+        acted = min((call.turn for call in log.tool_calls if call.ok and call.name == self.before_tool), default=log.turns + 1)
+        allowed = {candidate.value for candidate in self.candidates}
+        return any(
+            "?" in reply and turn < acted
+            and sum(candidate.found_in(reply) for candidate in self.candidates) >= 2
+            and all(candidate.stated(reply) <= allowed for candidate in self.candidates)
+            for turn, reply in zip(reply_turns[:-1], log.replies[:-1])
+        )
 
 
 @dataclass(frozen=True)
 class Reported:
-    """The agent's replies to the user contain every fact."""
+    """The agent's replies state every fact, and no value of a fact's kind that the oracle's replies do not state."""
 
     facts: tuple[Fact, ...]
+    oracle_replies: str = ""
+
+    def bound_to(self, oracle: Oracle) -> Reported:
+        return replace(self, oracle_replies=oracle.replies)
 
     def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
         said = "\n".join(log.replies)
-        return all(fact.found_in(said) for fact in self.facts)
+        return all(states_only_allowed(fact, said, self.oracle_replies) for fact in self.facts)
+
+
+@dataclass(frozen=True)
+class All:
+    """Every predicate holds (a report of a change counts only when the change was made)."""
+
+    predicates: tuple[Predicate, ...]
+
+    def bound_to(self, oracle: Oracle) -> All:
+        return All(tuple(bind_to_oracle(predicate, oracle) for predicate in self.predicates))
+
+    def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
+        return all(predicate(state, log) for predicate in self.predicates)
+
+
+def reports_facts(predicate: Predicate) -> bool:
+    """Whether the predicate is (or includes) a report to the user."""
+    return isinstance(predicate, Reported) or (isinstance(predicate, All) and any(map(reports_facts, predicate.predicates)))
 
 
 # -- the score ---------------------------------------------------------------------------

@@ -10,18 +10,21 @@ assistant messages that score exactly 1.0).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from environments.device.clock import MONTHS, WEEKDAYS, clock_text, date_text, to_datetime, to_timestamp, utc
 from environments.device.draft import DAY, Draft
+from environments.device.facts import PhoneFact, TextFact, date_fact, rival_text_fact, time_fact, weekday_fact
 from environments.device.milestones import (
-    AskedUser, ContactSaved, Milestone, MessageSent, PhoneFact, ReminderGone, ReminderSet, Reported,
-    SentToOther, SettingIs, TextFact, ToolCalled, date_fact, time_fact, weekday_fact,
+    All, Asked, ContactSaved, LookedUp, Milestone, MessageSent, ReminderGone, ReminderSet, Reported, SentToOther, SettingIs,
 )
 from environments.device.phone_numbers import national_digits
 from environments.device.state import SETTINGS, Contact, DeviceState
-from environments.device.vocabulary import CLOSE_RELATIONSHIPS, COMMON_RELATIONSHIPS, OUTGOING_MESSAGES, SETTING_NAMES
+from environments.device.vocabulary import (
+    CHAT_MESSAGES, CLOSE_RELATIONSHIPS, COMMON_RELATIONSHIPS, FIRST_NAMES, LAST_NAMES, OUTGOING_MESSAGES, SETTING_NAMES,
+    TASKS, TEMPLATE_CHAT_MESSAGES,
+)
 from environments.protocol import Message
 
 FAMILIES = (
@@ -44,12 +47,14 @@ class Scenario:
     oracle: list[Message]
     clarification: str | None = None
     capability_turns: tuple[int, ...] = ()  # oracle turns of a synthetic environment's capability step
+    broken_turns: dict[int, Message] = field(default_factory=dict)  # capability turns' wrong messages, where not corrupted
 
 
 def make_scenario(seed: int) -> Scenario:
     family = FAMILIES[seed % len(FAMILIES)]
     draft = Draft(random.Random(seed))
     request = _FAMILIES[family](draft)
+    draft.finish()
     return Scenario(seed, family, request, draft.state, draft.milestones, draft.minefields, draft.oracle, draft.clarification)
 
 
@@ -99,6 +104,34 @@ def outgoing_message(rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
     return wording.format(x=filler), text.format(x=filler), tuple(word.format(x=filler) for word in words)
 
 
+# -- facts replies must state, with the rival values of their kind ------------------------------
+_CHAT_WORDS = tuple(word for _, word in CHAT_MESSAGES + TEMPLATE_CHAT_MESSAGES)
+
+
+def message_fact(word: str) -> TextFact:
+    """A text on the phone, by the word that identifies it; rivals: every other text's word."""
+    return rival_text_fact((word,), "message", _CHAT_WORDS)
+
+
+def task_fact(word: str) -> TextFact:
+    """A reminder's task, by its word; rivals: every other task's word."""
+    return rival_text_fact((word,), "task", tuple(word for _, word in TASKS))
+
+
+def name_fact(contact: Contact) -> TextFact:
+    """A contact's full name; rivals: every other first and last name."""
+    own = contact.name.split()
+    return TextFact((contact.name,), "name", tuple((name,) for name in FIRST_NAMES + LAST_NAMES if name not in own))
+
+
+def candidate_facts(group: list[Contact], contacts: list[Contact]) -> tuple[TextFact, ...]:
+    """Look-alike contacts a question must name (by full name or relationship); rivals: every other contact's name."""
+    return tuple(
+        TextFact((contact.name, contact.relationship), "contact", tuple((other.name,) for other in contacts if other is not contact))
+        for contact in group
+    )
+
+
 # -- actions shared by the families: each returns (request clause, reply sentence) ----------------
 def set_setting(draft: Draft, setting: str, on: bool) -> tuple[str, str]:
     name = draft.rng.choice(SETTING_NAMES[setting])
@@ -130,7 +163,7 @@ def send(draft: Draft, phone_number: str, content: str) -> str:
 def text_contact(draft: Draft, contact: Contact) -> tuple[str, str]:
     reference, search = contact_reference(draft, contact)
     wording, content, words = outgoing_message(draft.rng)
-    draft.milestone(f"looked up {contact.name}", ToolCalled("search_contacts"))
+    draft.milestone(f"looked up {contact.name}", LookedUp("search_contacts", search))
     draft.milestone(f"texted {contact.name}", MessageSent(contact.phone_number, words), 2)
     draft.minefield("texted someone else", SentToOther(contact.phone_number))
     draft.call("search_contacts", **search)
@@ -171,7 +204,6 @@ def remind(draft: Draft, kind: str) -> tuple[str, str]:
         target = _timestamp_call(draft, year, month, 1, hour, minute)
     content = capital(task)
     draft.call("add_reminder", content=content, reminder_timestamp=target)
-    draft.milestone("checked the current time", ToolCalled("get_current_timestamp"))
     draft.milestone(f"reminder about {word}", ReminderSet((word,)))
     draft.milestone(f"reminder about {word} at {to_datetime(target).isoformat()}", ReminderSet((word,), target), 2)
     moment = to_datetime(target)
@@ -230,7 +262,10 @@ def _blocked_settings(draft: Draft) -> str:
     setattr(draft.state.settings, setting, False)
     draft.milestone("low_battery_mode off", SettingIs("low_battery_mode", False))
     draft.milestone(f"{setting} on", SettingIs(setting, True), 2)
-    draft.milestone("told the user about low battery mode", Reported((TextFact(("low battery", "low power", "battery saver")),)))
+    draft.milestone(
+        "told the user about low battery mode",
+        All((SettingIs("low_battery_mode", False), Reported((TextFact(("low battery", "low power", "battery saver")),)))),
+    )
     draft.call(f"set_{setting}_status", on=True)  # refused
     draft.call("set_low_battery_mode_status", on=False)
     draft.call(f"set_{setting}_status", on=True)
@@ -276,7 +311,7 @@ def _compound_request(draft: Draft) -> str:
 def _lookup_phone_number(draft: Draft) -> str:
     contact = draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS))
     reference, search = contact_reference(draft, contact)
-    draft.milestone(f"looked up {contact.name}", ToolCalled("search_contacts"))
+    draft.milestone(f"looked up {contact.name}", LookedUp("search_contacts", search))
     draft.milestone("reported the phone number", Reported((PhoneFact(contact.phone_number),)), 2)
     draft.call("search_contacts", **search)
     draft.say(f"{contact.name}'s number is {contact.phone_number}.")
@@ -293,8 +328,8 @@ def _lookup_latest_message(draft: Draft) -> str:
     draft.add_message(owner, contact, draft.take_chat()[0], draft.past_time(3600, 60))
     latest, word = max(received, key=lambda pair: pair[0].creation_timestamp)
     reference, search = contact_reference(draft, contact)
-    draft.milestone("searched the messages", ToolCalled("search_messages"))
-    draft.milestone("reported the latest message", Reported((TextFact((word,)),)), 2)
+    draft.milestone("searched the messages", LookedUp("search_messages", {"sender_phone_number": contact.phone_number}))
+    draft.milestone("reported the latest message", Reported((message_fact(word),)), 2)
     draft.call("search_contacts", **search)
     draft.call("search_messages", sender_phone_number=contact.phone_number)
     draft.say(f'The last message from {contact.name} says: "{latest.content}"')
@@ -307,8 +342,8 @@ def _lookup_last_sender(draft: Draft) -> str:
     text = draft.take_chat()[0]
     draft.add_message(contact, owner, text, draft.past_time(3000, 600))
     draft.add_message(owner, draft.state.contacts[1], draft.take_chat()[0], draft.past_time(500, 60))
-    draft.milestone("searched the messages", ToolCalled("search_messages"))
-    draft.milestone("reported the sender", Reported((TextFact((contact.name,)),)), 2)
+    draft.milestone("searched the messages", LookedUp("search_messages", {"recipient_phone_number": owner.phone_number}))
+    draft.milestone("reported the sender", Reported((name_fact(contact),)), 2)
     draft.call("search_contacts", relationship="self")
     draft.call("search_messages", recipient_phone_number=owner.phone_number)
     draft.call("search_contacts", phone_number=contact.phone_number)
@@ -321,7 +356,7 @@ def _lookup_reminder_time(draft: Draft) -> str:
     day = to_datetime(draft.state.now + draft.rng.randint(1, 40) * DAY)
     moment = utc(day.year, day.month, day.day, draft.rng.randint(7, 20), draft.rng.choice([0, 15, 30, 45]))
     reminder = draft.add_reminder(task, to_timestamp(moment))
-    draft.milestone("searched the reminders", ToolCalled("search_reminder"))
+    draft.milestone("searched the reminders", LookedUp("search_reminder", {"content": word}))
     draft.milestone("reported the reminder's date and time", Reported((date_fact(moment), time_fact(moment))), 2)
     draft.call("search_reminder", content=word)
     draft.call("timestamp_to_datetime_info", timestamp=reminder.reminder_timestamp)
@@ -332,7 +367,7 @@ def _lookup_reminder_time(draft: Draft) -> str:
 def _lookup_weekday_of_date(draft: Draft) -> str:
     day = to_datetime(draft.state.now + draft.rng.randint(-400, 400) * DAY)
     spoken = f"{MONTHS[day.month - 1]} {day.day}, {day.year}"
-    draft.milestone("converted the date", ToolCalled("timestamp_to_datetime_info"))
+    draft.milestone("converted the date", LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(utc(day.year, day.month, day.day))}))
     draft.milestone("reported the weekday", Reported((weekday_fact(day),)), 2)
     draft.call("datetime_info_to_timestamp", year=day.year, month=day.month, day=day.day)
     draft.call("timestamp_to_datetime_info", timestamp=to_timestamp(utc(day.year, day.month, day.day)))
@@ -343,7 +378,7 @@ def _lookup_weekday_of_date(draft: Draft) -> str:
 def _lookup_weekday_in_days(draft: Draft) -> str:
     days = draft.rng.randint(2, 60)
     target = draft.state.now + days * DAY
-    draft.milestone("checked the current time", ToolCalled("get_current_timestamp"))
+    draft.milestone("converted the day", LookedUp("timestamp_to_datetime_info", {"timestamp": target}))
     draft.milestone("reported the weekday", Reported((weekday_fact(to_datetime(target)),)), 2)
     draft.call("get_current_timestamp")
     draft.call("shift_timestamp", timestamp=draft.state.now, days=days)
@@ -369,8 +404,8 @@ def _ambiguous_contact(draft: Draft) -> str:
     target = draft.rng.choice(pair)
     wording, content, words = outgoing_message(draft.rng)
     draft.clarification = draft.rng.choice([f"I mean {target.name}.", f"The one who's my {target.relationship}."])
-    draft.milestone(f"looked up {first}", ToolCalled("search_contacts"))
-    draft.milestone(f"asked which {first}", AskedUser())
+    draft.milestone(f"looked up {first}", LookedUp("search_contacts", {"name": first}))
+    draft.milestone(f"asked which {first}", Asked(candidate_facts(pair, draft.state.contacts)))
     draft.milestone(f"texted {target.name}", MessageSent(target.phone_number, words), 2)
     draft.minefield("texted someone else", SentToOther(target.phone_number))
     draft.call("search_contacts", name=first)

@@ -16,7 +16,6 @@ from environments.device.environment import DeviceEnvironment
 from environments.device.scenarios import Scenario
 from environments.device.synthetic_templates import TEMPLATES, DeviceTemplate
 from environments.protocol import Message
-from environments.tool_environment import broken_message
 
 SYNTHETIC_SPLIT_SEEDS = {"analysis": tuple(range(500_000, 500_032)), "eval": tuple(range(500_032, 500_064))}
 SYNTHETIC_TRAIN_SEED_OFFSET = 2_000_000
@@ -31,9 +30,10 @@ def device_template(capability: str) -> DeviceTemplate:
 def make_template_scenario(template: DeviceTemplate, seed: int, difficulty: int) -> Scenario:
     draft = Draft(random.Random(f"{template.capability}/{difficulty}/{seed}"))
     request = template.build(draft, difficulty)
+    draft.finish()
     return Scenario(
         seed, f"synthetic/{template.capability}", request, draft.state, draft.milestones, draft.minefields, draft.oracle,
-        draft.clarification, tuple(draft.capability_turns),
+        draft.clarification, tuple(draft.capability_turns), dict(draft.broken_turns),
     )
 
 
@@ -68,6 +68,8 @@ class DeviceTemplateEnvironment(DeviceEnvironment):
     def capability_evidence(self, seed: int) -> dict:
         return {}
 
-    def broken_oracle_message(self) -> Message:
-        message = self.oracle_message()
-        return broken_message(message) if self.log.turns in self.scenario.capability_turns else message
+    def capability_turns(self) -> list[int]:
+        return list(self.scenario.capability_turns)
+
+    def broken_step(self, turn: int) -> Message | None:
+        return self.scenario.broken_turns.get(turn)

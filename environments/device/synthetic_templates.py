@@ -16,22 +16,22 @@ deleting the wrong reminder, reporting a distractor) that zero the score.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
 from environments.device.clock import MONTHS, WEEKDAYS, clock_text, date_text, to_datetime, to_timestamp, utc
-from environments.device.draft import DAY, Draft
-from environments.device.milestones import (
-    ContactSaved, MessageSent, PhoneFact, Predicate, ReminderGone, Reported, SettingIs, TextFact,
-    ToolCalled, date_fact, time_fact, weekday_fact,
-)
+from environments.device.draft import DAY, Draft, call_message
+from environments.device.facts import PhoneFact, TextFact, date_fact, rival_text_fact, time_fact, weekday_fact
+from environments.device.milestones import All, Asked, ContactSaved, LookedUp, MessageSent, Predicate, ReminderGone, Reported, SettingIs
 from environments.device.phone_numbers import national_digits, same_phone
 from environments.device.scenarios import (
-    as_typed, capital, change_number, contact_reference, delete_reminder, outgoing_message, remind, save_new_contact, sentence,
-    set_setting, text_contact,
+    as_typed, candidate_facts, capital, change_number, contact_reference, delete_reminder, message_fact, outgoing_message, remind,
+    save_new_contact, sentence, set_setting, task_fact, text_contact,
 )
 from environments.device.state import SETTINGS, DeviceState
-from environments.device.vocabulary import CLOSE_RELATIONSHIPS, COMMON_RELATIONSHIPS, SETTING_NAMES
+from environments.protocol import Message
+from environments.device.vocabulary import CLOSE_RELATIONSHIPS, COMMON_RELATIONSHIPS, SETTING_NAMES, TEMPLATE_CHAT_MESSAGES
 from environments.tool_environment import EpisodeLog
 from trace_ray.capabilities.rules import CATALOGUE
 
@@ -70,43 +70,6 @@ class SentToNoneOf:
             and not any(same_phone(call.arguments["phone_number"], number) for number in self.phone_numbers)
             for call in log.tool_calls
         )
-
-
-@dataclass(frozen=True)
-class AskedBefore:
-    """The agent asked the user a question (a reply with '?'), carried on, and had not yet called ``tool`` successfully.
-
-    Stricter than :class:`AskedUser`: a guess followed by a reply that happens to
-    quote a question does not count.
-    """
-
-    tool: str
-
-    def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
-        called = {call.turn for call in log.tool_calls}
-        reply_turns = [turn for turn in range(1, log.turns + 1) if turn not in called]  # one reply per turn without calls
-        acted = min((call.turn for call in log.tool_calls if call.ok and call.name == self.tool), default=log.turns + 1)
-        return any("?" in reply and turn < acted for turn, reply in zip(reply_turns[:-1], log.replies[:-1]))
-
-
-# Texts only the structured-data template puts on the phone: (text, a word that identifies it).
-# No word occurs in another text here, in the benchmark's chat texts, or in a name.
-_MORE_CHATS = (
-    ("The car is booked for Saturday.", "car"),
-    ("Grandma wants a call this evening.", "grandma"),
-    ("I found your keys under the sofa.", "keys"),
-    ("The museum is free on Sundays.", "museum"),
-    ("Your jacket is at the cleaners.", "jacket"),
-    ("The soup recipe is in my notebook.", "soup"),
-    ("Bring sunscreen for the beach.", "sunscreen"),
-    ("The printer is out of ink again.", "printer"),
-    ("We won the quiz last night!", "quiz"),
-    ("The train was cancelled, taking the bus.", "train"),
-    ("Remember to water the garden tomorrow.", "garden"),
-    ("The puppy chewed my slippers.", "puppy"),
-    ("Pizza or tacos for lunch?", "pizza"),
-    ("The hotel confirmed our booking.", "hotel"),
-)
 
 
 def _check(difficulty: int, levels: tuple[int, ...] = DIFFICULTIES) -> int:
@@ -159,10 +122,10 @@ def _permission_error_recovery(draft: Draft, difficulty: int) -> str:
 
     if settings.low_battery_mode:
         draft.milestone("low_battery_mode off", SettingIs("low_battery_mode", False))
-        draft.milestone("told the user about low battery mode", Reported((_LOW_BATTERY,)))
+        draft.milestone("told the user about low battery mode", All((SettingIs("low_battery_mode", False), Reported((_LOW_BATTERY,)))))
     if texts:
         draft.milestone("cellular_service on", SettingIs("cellular_service", True))
-        draft.milestone("told the user about cellular service", Reported((_CELLULAR,)))
+        draft.milestone("told the user about cellular service", All((SettingIs("cellular_service", True), Reported((_CELLULAR,)))))
         draft.minefield("texted someone else", SentToNoneOf(tuple(contact.phone_number for contact in recipients)))
 
     if setting is not None:
@@ -179,7 +142,7 @@ def _permission_error_recovery(draft: Draft, difficulty: int) -> str:
     for index, contact in enumerate(recipients):
         reference, search = contact_reference(draft, contact)
         wording, content, words = outgoing_message(draft.rng)
-        draft.milestone(f"looked up {contact.name}", ToolCalled("search_contacts"))
+        draft.milestone(f"looked up {contact.name}", LookedUp("search_contacts", search))
         draft.milestone(f"texted {contact.name}", MessageSent(contact.phone_number, words), 2)
         draft.call("search_contacts", **search)
         draft.call("send_message_with_phone_number", phone_number=contact.phone_number, content=content)
@@ -201,6 +164,14 @@ def _permission_error_recovery(draft: Draft, difficulty: int) -> str:
 
 
 # -- 2. datetime_reasoning ---------------------------------------------------------------------
+def _a_day_late(message: Message) -> Message:
+    """The oracle's ``add_reminder`` with the same content a day late: only the computed time is wrong."""
+    call = message["tool_calls"][0]
+    arguments = json.loads(call["function"]["arguments"])
+    arguments["reminder_timestamp"] += DAY
+    return {**message, "tool_calls": [{**call, "function": {**call["function"], "arguments": json.dumps(arguments)}}]}
+
+
 _EASY_TIMES, _HARD_TIMES = ("in_hours", "tomorrow"), ("next_weekday", "first_of_next_month")
 
 
@@ -225,11 +196,9 @@ def _datetime_reasoning(draft: Draft, difficulty: int) -> str:
     requests, replies = [], []
     for kind in kinds:
         request, reply = remind(draft, kind)
-        draft.mark_capability_step()  # the add_reminder
+        draft.mark_capability_step(instead=_a_day_late(draft.oracle[-1]))  # the add_reminder
         requests.append(request)
         replies.append(reply)
-    names = [milestone.name for milestone in draft.milestones]
-    draft.milestones = [milestone for index, milestone in enumerate(draft.milestones) if milestone.name not in names[:index]]  # one clock check
     draft.say(" ".join(replies))
     return sentence(*requests)
 
@@ -293,7 +262,8 @@ def _tool_calling_precision(draft: Draft, difficulty: int) -> str:
         actions.append(set_setting(draft, setting, on))
         draft.mark_capability_step()
         if difficulty == 0:  # partial credit for saying what changed
-            draft.milestone("told the user the new state", Reported((TextFact(("on" if on else "off",)),)))
+            told = Reported((rival_text_fact(("on" if on else "off",), "on/off", ("on", "off")),))
+            draft.milestone("told the user the new state", All((SettingIs(setting, on), told)))
     requests, replies = zip(*actions)
     draft.say(" ".join(replies))
     return sentence(*requests)
@@ -330,8 +300,8 @@ def _multi_step_task_completion(draft: Draft, difficulty: int) -> str:
     requests, replies = [], []
     for index, (kind, setting) in enumerate(plan):
         request, reply = set_setting(draft, *setting) if kind == "setting" else _MULTI_PARTS[kind](draft)
-        if index >= len(plan) - marked:
-            draft.mark_capability_step()  # every part ends with its state change
+        if index >= len(plan) - marked:  # every part ends with its state change; breaking it = stopping before it
+            draft.mark_capability_step(instead=call_message("get_current_timestamp", "call_stopped"))
         requests.append(request)
         replies.append(reply)
     draft.say(" ".join(replies))
@@ -370,13 +340,14 @@ def _precondition_verification(draft: Draft, difficulty: int) -> str:
     if difficulty >= 3:
         answers.append(f"The one whose last name is {target.name.split()[-1]}.")
     draft.clarification = draft.rng.choice(answers)
-    draft.milestone(f"looked up {first}", ToolCalled("search_contacts"))
+    draft.milestone(f"looked up {first}", LookedUp("search_contacts", {"name": first}))
+    candidates = candidate_facts(group, draft.state.contacts)
     listed = sentence(*(f"{contact.name} ({contact.relationship})" for contact in group))[:-1]
     draft.call("search_contacts", name=first)
     draft.mark_capability_step()
     if kind == "text":
         wording, content, words = outgoing_message(draft.rng)
-        draft.milestone(f"asked which {first} before texting", AskedBefore("send_message_with_phone_number"))
+        draft.milestone(f"asked which {first} before texting", Asked(candidates, "send_message_with_phone_number"))
         draft.milestone(f"texted {target.name}", MessageSent(target.phone_number, words), 2)
         draft.minefield("texted someone else", SentToNoneOf((target.phone_number,)))
         draft.say(f"I found {count} contacts named {first}: {listed}. Which one should I text?")
@@ -385,7 +356,7 @@ def _precondition_verification(draft: Draft, difficulty: int) -> str:
         draft.say(f'I texted {target.name}: "{content}"')
         return sentence(f"text {first} {wording}")
     number = draft.new_phone_number()
-    draft.milestone(f"asked which {first} before changing a number", AskedBefore("modify_contact"))
+    draft.milestone(f"asked which {first} before changing a number", Asked(candidates, "modify_contact"))
     draft.milestone(f"{target.name} has the new number", ContactSaved(target.name, number), 2)
     for other in group:
         if other is not target:
@@ -407,8 +378,9 @@ def _pick_reminder_to_delete(draft: Draft, count: int) -> str:
     ]
     target = draft.rng.choice(group)
     draft.clarification = draft.rng.choice([f"The one on {_month_day(target.reminder_timestamp)}.", f"Delete the {_month_day(target.reminder_timestamp)} one."])
-    draft.milestone(f"searched the reminders about {word}", ToolCalled("search_reminder"))
-    draft.milestone(f"asked which reminder about {word} before deleting", AskedBefore("remove_reminder"))
+    draft.milestone(f"searched the reminders about {word}", LookedUp("search_reminder", {"content": word}))
+    candidates = tuple(date_fact(to_datetime(reminder.reminder_timestamp)) for reminder in group)
+    draft.milestone(f"asked which reminder about {word} before deleting", Asked(candidates, "remove_reminder"))
     draft.milestone(f"removed the reminder about {word} on {_month_day(target.reminder_timestamp)}", ReminderGone(target.reminder_id), 2)
     for reminder_id in others + [reminder.reminder_id for reminder in group if reminder is not target]:
         draft.minefield(f"removed reminder {reminder_id}", ReminderGone(reminder_id))
@@ -447,7 +419,7 @@ def _structured_data_reasoning(draft: Draft, difficulty: int) -> str:
     chosen record.
     """
     _check(difficulty)
-    chats = draft.rng.sample(_MORE_CHATS, len(_MORE_CHATS))
+    chats = draft.rng.sample(TEMPLATE_CHAT_MESSAGES, len(TEMPLATE_CHAT_MESSAGES))
     kind = draft.rng.choice(["latest_from", "reply_to_last_sender", "reminder_by_order"])
     if kind == "latest_from":
         return _latest_from(draft, difficulty, chats)
@@ -474,14 +446,15 @@ def _latest_from(draft: Draft, difficulty: int, chats: list[tuple[str, str]]) ->
         reference, search = contact.name, {"name": contact.name}
     else:
         reference, search = contact_reference(draft, contact)
-    draft.milestone("searched the messages", ToolCalled("search_messages"))
-    draft.milestone("reported the latest message", Reported((TextFact((word,)),)), 2)
+    draft.milestone("searched the messages", LookedUp("search_messages", {"sender_phone_number": contact.phone_number}))
+    draft.milestone("reported the latest message", Reported((message_fact(word),)), 2)
     for other in distractors:
         draft.minefield(f"reported the message about {other}", Reported((TextFact((other,)),)))
     draft.call("search_contacts", **search)
     draft.call("search_messages", sender_phone_number=contact.phone_number)
     draft.say(f'The last message from {contact.name} says: "{latest.content}"')
-    draft.mark_capability_step()
+    older = max((message for message, _ in received if message is not latest), key=lambda message: message.creation_timestamp)
+    draft.mark_capability_step(instead={"role": "assistant", "content": f'The last message from {contact.name} says: "{older.content}"'})
     return f"What did {reference} last text me?"
 
 
@@ -495,14 +468,15 @@ def _reply_to_last_sender(draft: Draft, difficulty: int, chats: list[tuple[str, 
     for recipient, (text, _) in zip(draft.rng.sample(senders, 1 + difficulty // 3), chats[count:]):
         draft.add_message(owner, recipient, text, draft.past_time(500, 60))  # newer, but sent by the owner
     wording, content, words = outgoing_message(draft.rng)
-    draft.milestone("searched the messages", ToolCalled("search_messages"))
+    draft.milestone("searched the messages", LookedUp("search_messages", {"recipient_phone_number": owner.phone_number}))
     draft.milestone(f"texted {target.name}", MessageSent(target.phone_number, words), 2)
     draft.minefield("texted someone else", SentToNoneOf((target.phone_number,)))
     draft.call("search_contacts", relationship="self")
     draft.call("search_messages", recipient_phone_number=owner.phone_number)
     draft.call("search_contacts", phone_number=target.phone_number)
     draft.call("send_message_with_phone_number", phone_number=target.phone_number, content=content)
-    draft.mark_capability_step()
+    wrong = call_message("send_message_with_phone_number", "call_wrong_sender", phone_number=senders[-1].phone_number, content=content)
+    draft.mark_capability_step(instead=wrong)  # an older sender
     draft.say(f'{target.name} sent you the most recent text, so I texted them: "{content}"')
     return draft.rng.choice([
         f"Text whoever sent me the most recent message {wording}.",
@@ -532,14 +506,13 @@ def _reminder_by_order(draft: Draft, difficulty: int) -> str:
         target.creation_timestamp = now - draft.rng.randint(600, 7200)
         request = draft.rng.choice(["Delete the reminder I created most recently.", "Remove the newest reminder I made."])
     others = [reminder.reminder_id for reminder in draft.state.reminders if reminder is not target]
-    draft.milestone("searched the reminders", ToolCalled("search_reminder"))
     draft.milestone(f"removed the reminder about {word}", ReminderGone(target.reminder_id), 2)
-    draft.milestone(f"told the user which reminder: {word}", Reported((TextFact((word,)),)))
+    draft.milestone(f"told the user which reminder: {word}", All((ReminderGone(target.reminder_id), Reported((task_fact(word),)))))
     for reminder_id in others:
         draft.minefield(f"removed reminder {reminder_id}", ReminderGone(reminder_id))
     draft.call("search_reminder")
     draft.call("remove_reminder", reminder_id=target.reminder_id)
-    draft.mark_capability_step()
+    draft.mark_capability_step(instead=call_message("remove_reminder", "call_wrong_reminder", reminder_id=others[-1]))
     draft.say(f'I deleted your reminder "{target.content}" ({_when(target.reminder_timestamp)}).')
     return request
 
@@ -548,7 +521,7 @@ def _reminder_by_order(draft: Draft, difficulty: int) -> str:
 def _report_phone_number(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
     contact = draft.add_contact(_unused_close_relationships(draft, 1)[0])
     reference, search = contact_reference(draft, contact)
-    draft.milestone(f"looked up {contact.name}", ToolCalled("search_contacts"))
+    draft.milestone(f"looked up {contact.name}", LookedUp("search_contacts", search))
     draft.milestone(f"reported {contact.name}'s phone number", Reported((PhoneFact(contact.phone_number),)), 2)
     draft.call("search_contacts", **search)
     return f"What's {reference}'s phone number?", f"{contact.name}'s number is {contact.phone_number}."
@@ -562,7 +535,7 @@ def _report_reminder_time(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
     weekdays.add(day.weekday())
     moment = utc(day.year, day.month, day.day, draft.rng.randint(7, 20), draft.rng.choice([0, 15, 30, 45]))
     reminder = draft.add_reminder(task, to_timestamp(moment))
-    draft.milestone(f"searched the reminders about {word}", ToolCalled("search_reminder"))
+    draft.milestone(f"searched the reminders about {word}", LookedUp("search_reminder", {"content": word}))
     draft.milestone(f"reported the date and time of the reminder about {word}", Reported((date_fact(moment), time_fact(moment))), 2)
     draft.call("search_reminder", content=word)
     draft.call("timestamp_to_datetime_info", timestamp=reminder.reminder_timestamp)
@@ -575,7 +548,7 @@ def _report_weekday_of_date(draft: Draft, weekdays: set[int]) -> tuple[str, str]
         day = to_datetime(to_timestamp(day) + DAY)
     weekdays.add(day.weekday())
     spoken = f"{MONTHS[day.month - 1]} {day.day}, {day.year}"
-    draft.milestone(f"converted {spoken}", ToolCalled("timestamp_to_datetime_info"))
+    draft.milestone(f"converted {spoken}", LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(utc(day.year, day.month, day.day))}))
     draft.milestone(f"reported the weekday of {spoken}", Reported((weekday_fact(day),)), 2)
     draft.call("datetime_info_to_timestamp", year=day.year, month=day.month, day=day.day)
     draft.call("timestamp_to_datetime_info", timestamp=to_timestamp(utc(day.year, day.month, day.day)))
@@ -588,7 +561,7 @@ def _report_weekday_in_days(draft: Draft, weekdays: set[int]) -> tuple[str, str]
         days += 1
     target = to_datetime(draft.state.now + days * DAY)
     weekdays.add(target.weekday())
-    draft.milestone("checked the current time", ToolCalled("get_current_timestamp"))
+    draft.milestone(f"converted the day in {days} days", LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(target)}))
     draft.milestone(f"reported the weekday in {days} days", Reported((weekday_fact(target),)), 2)
     draft.call("get_current_timestamp")
     draft.call("shift_timestamp", timestamp=draft.state.now, days=days)
@@ -604,8 +577,8 @@ def _report_latest_message(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
         received.append((draft.add_message(contact, owner, text, draft.past_time(5 * DAY, 7200)), word))
     latest, word = max(received, key=lambda pair: pair[0].creation_timestamp)
     reference, search = contact_reference(draft, contact)
-    draft.milestone(f"searched the messages from {contact.name}", ToolCalled("search_messages"))
-    draft.milestone(f"reported the latest message from {contact.name}", Reported((TextFact((word,)),)), 2)
+    draft.milestone(f"searched the messages from {contact.name}", LookedUp("search_messages", {"sender_phone_number": contact.phone_number}))
+    draft.milestone(f"reported the latest message from {contact.name}", Reported((message_fact(word),)), 2)
     draft.call("search_contacts", **search)
     draft.call("search_messages", sender_phone_number=contact.phone_number)
     return f"What did {reference} last text me?", f'The last message from {contact.name} says: "{latest.content}"'

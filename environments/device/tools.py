@@ -76,7 +76,7 @@ class DeviceTools:
     def datetime_info_to_timestamp(self, year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> int:
         try:
             return to_timestamp(utc(int(year), int(month), int(day), int(hour), int(minute), int(second)))
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise ToolError(f"invalid date or time: {exc}") from None
 
     def shift_timestamp(self, timestamp: int, weeks: int = 0, days: int = 0, hours: int = 0, minutes: int = 0, seconds: int = 0) -> int:

@@ -35,6 +35,25 @@ CHAT_MESSAGES = (
     ("See you at the gym at 7.", "gym"),
 )
 
+# Texts only the structured-data template puts on the phone: (text, a word that identifies it).
+# No word occurs in another text here or in a name; "car" also occurs in the umbrella text above.
+TEMPLATE_CHAT_MESSAGES = (
+    ("The car is booked for Saturday.", "car"),
+    ("Grandma wants a call this evening.", "grandma"),
+    ("I found your keys under the sofa.", "keys"),
+    ("The museum is free on Sundays.", "museum"),
+    ("Your jacket is at the cleaners.", "jacket"),
+    ("The soup recipe is in my notebook.", "soup"),
+    ("Bring sunscreen for the beach.", "sunscreen"),
+    ("The printer is out of ink again.", "printer"),
+    ("We won the quiz last night!", "quiz"),
+    ("The train was cancelled, taking the bus.", "train"),
+    ("Remember to water the garden tomorrow.", "garden"),
+    ("The puppy chewed my slippers.", "puppy"),
+    ("Pizza or tacos for lunch?", "pizza"),
+    ("The hotel confirmed our booking.", "hotel"),
+)
+
 # Messages the user asks to send: (request wording, message text, words it must contain, fillers for {x}).
 OUTGOING_MESSAGES = (
     ("that I'm running {x} minutes late", "I'm running {x} minutes late.", ("{x}", "late"), ("5", "10", "15", "20", "25")),

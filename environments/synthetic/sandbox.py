@@ -14,8 +14,9 @@ capability. It defines
   ``environments.protocol.Environment``: ``task_seeds(split)``,
   ``train_seed(index)``, ``reset(seed) -> ResetResult``,
   ``step(assistant_message) -> StepResult``, ``oracle_message()``,
-  ``broken_oracle_message()`` (the oracle's next message with the
-  capability's step broken), ``task_fingerprint()``, and optionally
+  ``capability_turns()`` (the indices of the current task's oracle turns
+  that exercise the capability: the checks break those turns themselves),
+  ``task_fingerprint()``, and optionally
   ``example_exchange()``, ``capability_detectors()``,
   ``capability_evidence(seed)``.
 
@@ -146,8 +147,11 @@ class SandboxedEnvironment(Environment):
     def oracle_message(self) -> Message:
         return self._call("oracle_message")
 
-    def broken_oracle_message(self) -> Message:
-        return self._call("broken_oracle_message")
+    def capability_turns(self) -> list[int]:
+        return self._call("capability_turns")
+
+    def broken_step(self, turn: int) -> Message | None:
+        return None  # a generated module does not choose how its capability's steps are broken: the checks do
 
     def task_fingerprint(self) -> str:
         return self._call("task_fingerprint")

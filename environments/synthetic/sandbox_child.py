@@ -40,7 +40,7 @@ import traceback
 from typing import Any, Callable, TextIO
 
 METHODS = (
-    "task_seeds", "train_seed", "reset", "step", "oracle_message", "broken_oracle_message",
+    "task_seeds", "train_seed", "reset", "step", "oracle_message", "capability_turns",
     "task_fingerprint", "example_exchange", "capability_detectors", "capability_evidence",
 )
 MEMORY_EXIT_STATUS = 86  # out of memory where not even the answer could be written

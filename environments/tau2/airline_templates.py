@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from environments.tau2.synthetic_data import BAG_FEE, CABINS, CITY_OF, FREE_BAGS, day, spoken_date
+from environments.tau2.synthetic_data import FLIGHT_STATUSES, BAG_FEE, CABINS, CITY_OF, FREE_BAGS, day, spoken_date
 from environments.tau2.synthetic_templates import (
     Action, Tau2Draft, _check, _confirm, _do_all, _join, _templates, amount_fact, denial_fact, text_fact,
 )
@@ -290,7 +290,8 @@ def _airline_information_reporting(draft: Tau2Draft, difficulty: int) -> str:
             draft.call("get_flight_status", flight_number=flight.flight_number, date=flight.date)
             questions.append(f"the status of my flight from {CITY_OF[origin]} to {CITY_OF[destination]} on {spoken_date(flight.date)}")
             answers.append(f"Your flight {flight.flight_number} on {flight.date} is {status}.")
-            draft.report(text_fact(f"the status of {flight.flight_number}", status, status.replace(" ", "-")))
+            rivals = tuple(other for other in FLIGHT_STATUSES if other != status)
+            draft.report(text_fact(f"the status of {flight.flight_number}", status, status.replace(" ", "-"), rivals=rivals))
         elif kind == "total_paid":
             draft.call("get_reservation_details", reservation_id=booked.reservation_id)
             paid = sum(payment.amount for payment in booked.payment_history)

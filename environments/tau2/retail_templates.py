@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from environments.tau2.synthetic_data import CATALOGUE, describe_options
+from environments.tau2.synthetic_data import ORDER_STATUSES, CATALOGUE, describe_options
 from environments.tau2.synthetic_templates import (
     Action, Fact, Tau2Draft, _check, _confirm, _do_all, _join, _templates, amount_fact, denial_fact, money, text_fact,
 )
@@ -329,7 +329,8 @@ def _retail_information_reporting(draft: Tau2Draft, difficulty: int) -> str:
             draft.call("get_order_details", order_id=shipped.order_id)
             questions.append(f"the status of order {shipped.order_id} and its tracking number")
             answers.append(f"Order {shipped.order_id} is {shipped.status}, tracking number {tracking}.")
-            draft.report(Fact(f"the status and tracking number of {shipped.order_id}", ((shipped.status,), (tracking,))))
+            rivals = tuple(other for other in ORDER_STATUSES if other != shipped.status)
+            draft.report(Fact(f"the status and tracking number of {shipped.order_id}", ((shipped.status,), (tracking,)), rivals=rivals))
         elif kind == "gift_balance":
             gift = user.payment_methods[data.payment_method(user, "gift_card")]
             questions.append("how much is left on my gift card")

@@ -8,7 +8,9 @@ user whose request states everything and who answers "yes" to the agent's
 questions while the task is not done yet.
 
 Reward (TRACE's rule): 1.0 when the final database equals the oracle's (the
-package's database hash) and the final reply reports every required fact;
+package's database hash) and the final reply reports every required fact
+(and no rival value of its kind: no amount or status the oracle's reply does
+not state);
 0.3 when the database is right but the report is not; 0.0 otherwise. A task
 that changes nothing (an information request) scores 1.0 only when reported.
 ``info["milestones"]`` breaks it down: the database milestone and one report
@@ -29,7 +31,7 @@ from environments.tau2.package import agent_tools
 from environments.tau2.retail_templates import RETAIL_TEMPLATES
 from environments.tau2.synthetic_templates import Tau2Draft, Tau2Task, Tau2Template, package_environment
 from environments.tau2.synthetic_data import DATABASE_MODELS, empty_database
-from environments.tool_environment import Tool, ToolEnvironment, broken_message
+from environments.tool_environment import Tool, ToolEnvironment
 
 SPLIT_SEEDS = {"analysis": tuple(range(600_000, 600_032)), "eval": tuple(range(600_032, 600_064))}
 TRAIN_SEED_OFFSET = 3_000_000
@@ -60,7 +62,8 @@ def make_task(domain: str, capability: str, difficulty: int, seed: int) -> Tau2T
 def score_task(task: Tau2Task, db_hash: str, final_reply: str, success_threshold: float) -> tuple[float, dict[str, Any]]:
     """The reward of an episode that ended with database hash ``db_hash`` and ``final_reply``, and its breakdown."""
     state_ok = db_hash == task.expected_hash
-    reported = [fact.found_in(final_reply) for fact in task.facts]
+    reference = task.oracle[-1].get("content") or ""
+    reported = [fact.reported_in(final_reply, reference) for fact in task.facts]
     if not state_ok:
         reward = 0.0
     elif all(reported):
@@ -141,13 +144,12 @@ class Tau2TemplateEnvironment(ToolEnvironment):
             raise RuntimeError("the oracle script is finished")
         return self.task.oracle[self.log.turns]
 
-    def broken_oracle_message(self) -> Message:
-        """The oracle, with each capability turn done wrong: its wrong action, else its arguments corrupted or reply emptied."""
-        message = self.oracle_message()
-        turn = self.log.turns
-        if turn not in self.task.capability_turns:
-            return message
-        return self.task.broken_turns.get(turn) or broken_message(message)
+    def capability_turns(self) -> list[int]:
+        return list(self.task.capability_turns)
+
+    def broken_step(self, turn: int) -> Message | None:
+        """The template's wrong action for a capability turn (acting without the check), if it has one."""
+        return self.task.broken_turns.get(turn)
 
     def example_exchange(self) -> list[Message]:
         call = {"id": "call_example", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "12 + 30"}'}}

@@ -18,6 +18,8 @@ from environments.tau2.package import tau2_module
 
 airline = tau2_module("domains.airline.data_model")
 retail = tau2_module("domains.retail.data_model")
+FLIGHT_STATUSES = ("available", "on time", "delayed", "flying", "landed", "cancelled")  # the package's flight statuses
+ORDER_STATUSES = ("pending", "processed", "delivered", "cancelled", "return requested", "exchange requested")  # and orders'
 DATABASE_MODELS = {"airline": airline.FlightDB, "retail": retail.RetailDB}
 
 

@@ -38,6 +38,8 @@ DIFFICULTIES = (1, 2, 3)
 
 # -- facts the final reply must report -----------------------------------------------------------
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+# an amount or count: at most six digits before the point, not part of an id, a date, a time or a long number
+_AMOUNT = re.compile(r"(?<![\w#/:.-])(\d{1,3}(?:,\d{3})+|\d{1,6})(\.\d+)?(?![\w/:-]|\.\d|,\d{3})")
 NEGATIONS = (
     "cannot", "can't", "can not", "could not", "couldn't", "unable", "not able", "not eligible", "ineligible",
     "not possible", "not allowed", "won't", "did not", "didn't", "declined", "denied",
@@ -50,13 +52,22 @@ def mentions(text: str, phrase: str) -> bool:
     return re.search(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)", text) is not None
 
 
+def stated_amounts(text: str) -> set[float]:
+    """Every amount or count ``text`` states (ids, dates, times and numbers of seven or more digits aside)."""
+    return {round(float(whole.replace(",", "") + fraction), 2) for whole, fraction in _AMOUNT.findall(text)}
+
+
 @dataclass(frozen=True)
 class Fact:
-    """A fact the final reply must tell: ``amount`` among its numbers (to the cent), and one phrase of every group."""
+    """A fact the final reply must tell: ``amount`` among its numbers (to the cent), and one phrase of every group.
+
+    ``rivals``: phrases of the other values of the fact's kind (the other statuses).
+    """
 
     name: str
     groups: tuple[tuple[str, ...], ...] = ()
     amount: float | None = None
+    rivals: tuple[str, ...] = ()
 
     def found_in(self, text: str) -> bool:
         if self.amount is not None:
@@ -65,13 +76,22 @@ class Fact:
                 return False
         return all(any(mentions(text, phrase) for phrase in group) for group in self.groups)
 
+    def reported_in(self, text: str, reference: str) -> bool:
+        """``text`` tells the fact and no other value of its kind than ``reference`` (the oracle's reply) tells:
+        no amount or count beside the reference's, no rival phrase the reference does not use."""
+        if not self.found_in(text):
+            return False
+        if self.amount is not None and not stated_amounts(text) <= stated_amounts(reference) | {self.amount}:
+            return False
+        return not any(mentions(text, rival) and not mentions(reference, rival) for rival in self.rivals)
+
 
 def amount_fact(name: str, amount: float) -> Fact:
     return Fact(name, amount=round(abs(amount), 2))
 
 
-def text_fact(name: str, *alternatives: str) -> Fact:
-    return Fact(name, (alternatives,))
+def text_fact(name: str, *alternatives: str, rivals: tuple[str, ...] = ()) -> Fact:
+    return Fact(name, (alternatives,), rivals=rivals)
 
 
 def denial_fact(identifier: str) -> Fact:

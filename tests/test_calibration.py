@@ -309,7 +309,13 @@ def test_search_respects_max_rounds_and_falls_back():
     assert not result.in_band
     # both have informative fraction 4/6; mean rewards 28/36 (level 1) and 12/36 (level 4):
     # level 4 is closer to the band's middle 0.4
-    assert result.difficulty == 4
+    assert result.difficulty == 4 and result.chosen is result.rounds[1]
+    # level 4: successes 0 0 2 2 4 4 of 6 per seed -> mean and success 12/36, no all-success group,
+    # all-zero groups 2 of 6 (above 0.2: too hard, the only reason)
+    assert result.chosen.figures() == {
+        "difficulty": 4, "verdict": "too_hard", "mean_reward": pytest.approx(1 / 3), "success_rate": pytest.approx(1 / 3),
+        "all_success_fraction": 0.0, "all_zero_fraction": pytest.approx(1 / 3), "reasons": ["all-zero groups 0.33 > 0.20"],
+    }
 
     evaluate = scripted_policy()
     result = search_difficulty(evaluate, LEVELS, start=6, band=BAND, max_rounds=1)
@@ -380,7 +386,11 @@ def test_search_never_repeats_and_keeps_the_bracket_for_any_verdicts():
                 if found:
                     assert result.difficulty == found[0]
                 else:
-                    assert result.difficulty in evaluate.calls
+                    # the nearest level: every kind has informative 0.8; a too-hard level's mean 0.05 is 0.35 from
+                    # the band's middle 0.4, a too-easy one's 0.9 is 0.5 away: the easiest too-hard level tried,
+                    # else the easiest level tried
+                    hard = [level for level in evaluate.calls if verdict_of[level] == "too_hard"]
+                    assert result.difficulty == min(hard or evaluate.calls)
 
 
 def test_search_rejects_bad_arguments():
@@ -424,5 +434,6 @@ def test_calibration_table_and_json():
     assert json.loads(json.dumps(data)) == data
     assert data["difficulty"] == 3 and data["in_band"] is True
     assert data["rounds"][0]["stats"]["pass_at_k"]["16"] is None
-    assert data["rounds"][1]["verdict"] == "too_hard" and data["rounds"][1]["reasons"]
+    # level 4: mean and success 12/36 inside [0.2, 0.6], no all-success group, all-zero 2/6 = 0.33 > 0.2: the one reason
+    assert data["rounds"][1]["verdict"] == "too_hard" and data["rounds"][1]["reasons"] == ["all-zero groups 0.33 > 0.20"]
     assert isinstance(result.rounds[0], CalibrationRound)

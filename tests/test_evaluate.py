@@ -1,5 +1,6 @@
 """``trace-ray evaluate``: the method table from per-task scores, and the command end to end on the tiny model."""
 
+import itertools
 import json
 
 import pyarrow as pa
@@ -9,7 +10,8 @@ import pytest
 from tests.run_dirs import write_capability_run
 from tests.test_route import TINY
 from trace_ray.cli import compose_config, main
-from trace_ray.evaluation.report import MethodScores, report_markdown, report_rows
+from trace_ray.evaluation.report import MethodScores, evaluation_report, report_markdown, report_rows
+from trace_ray.evaluation.statistics import paired_comparison
 from trace_ray.training.lora_model import export_adapter, trainable_model
 
 
@@ -27,9 +29,52 @@ def test_rows_count_perfect_and_successes_and_compare_with_base():
     versus = row["vs_base"]
     assert versus["mean_difference"] == pytest.approx(0.5) and (versus["wins"], versus["losses"], versus["ties"]) == (2, 0, 2)
     assert versus["p_value"] == pytest.approx(0.5)  # two non-zero differences (1, 1): 2 of 4 sign patterns reach 2
-    text = report_markdown("title", rows, {"TRACE (moe)": "no gates"}, ["a note"])
+    text = report_markdown("title", evaluation_report([base, better]), {"TRACE (moe)": "no gates"}, ["a note"])
     assert text.splitlines()[2].startswith("| method |") and "- TRACE (moe): no gates" in text
     assert "| TRACE (logit) | 3/4 | 3/4 | 0.875 [" in text and "+0.500 [" in text
+
+
+def holm_by_hand(p_values):
+    """Holm written out: the k-th smallest of m p-values (k from 0) steps to min(1, (m - k) p); a p-value's adjusted
+    value is the largest step up to its own (first) place in the ascending order."""
+    ranked = sorted(p_values)
+    steps = [min(1.0, (len(ranked) - k) * p) for k, p in enumerate(ranked)]
+    return [max(steps[: ranked.index(p) + 1]) for p in p_values]
+
+
+def test_trace_is_compared_with_grpo_on_target_and_the_best_adapter_with_holm_adjusted_p_values():
+    families = ["a"] * 8
+    scores = {
+        "base": [0.0] * 8,
+        "adapter:x": [0.5] * 6 + [0.0] * 2,  # mean 0.375
+        "adapter:y": [1.0] * 6 + [0.0] * 2,  # mean 0.75: the best single adapter
+        "TRACE (logit)": [1.0] * 8,
+        "GRPO on target": [1.0] + [0.0] * 7,
+    }
+    report = evaluation_report([MethodScores(n, families, r, [x == 1.0 for x in r], 0) for n, r in scores.items()])
+    assert report["best_adapter"] == "adapter:y"
+    comparisons = {(c["method"], c["baseline"]): c for c in report["comparisons"]}
+    assert list(comparisons) == [("TRACE (logit)", "GRPO on target"), ("TRACE (logit)", "adapter:y")]
+    # exact sign-flip p-values: k equal non-zero differences reach |sum| only in the all-plus and all-minus patterns, 2 / 2^k
+    against_grpo = comparisons["TRACE (logit)", "GRPO on target"]  # differences 0, 1 x 7
+    assert (against_grpo["mean_difference"], against_grpo["wins"], against_grpo["losses"], against_grpo["ties"]) == (0.875, 7, 0, 1)
+    assert against_grpo["p_value"] == 2 / 2**7
+    against_best = comparisons["TRACE (logit)", "adapter:y"]  # differences 0 x 6, 1, 1
+    assert (against_best["mean_difference"], against_best["wins"], against_best["ties"], against_best["p_value"]) == (0.25, 2, 6, 0.5)
+    assert against_best["role"] == "best single adapter"
+    rows = {row["method"]: row for row in report["methods"]}
+    raw = [rows[n]["vs_base"]["p_value"] for n in ("adapter:x", "adapter:y", "TRACE (logit)", "GRPO on target")]
+    assert raw == [2 / 2**6, 2 / 2**6, 2 / 2**8, 1.0]  # 6, 6, 8 and 1 equal non-zero differences
+    # Holm over the 6 p-values, ascending: 1/128 (TRACE-base) 1/64 (TRACE-GRPO) 1/32 (x-base) 1/32 (y-base) 1/2 (TRACE-y) 1 (GRPO-base):
+    # steps 6/128 = 0.046875, 5/64 = 0.078125, 4/32 = 0.125, 3/32 = 0.09375 -> 0.125 (monotone), 2/2 = 1, 1
+    adjusted = [rows[n]["vs_base"]["p_holm"] for n in ("adapter:x", "adapter:y", "TRACE (logit)", "GRPO on target")]
+    assert adjusted == pytest.approx([0.125, 0.125, 0.046875, 1.0])
+    assert (against_grpo["p_holm"], against_best["p_holm"]) == pytest.approx((0.078125, 1.0))
+    text = report_markdown("title", report, {}, [])
+    assert "Best single adapter: adapter:y" in text and "over all 6 paired comparisons" in text
+    assert "| TRACE (logit) | adapter:y (best single adapter) | +0.250 [" in text and "| 0.5 | 1 | 2/0/6 |" in text
+    assert "| TRACE (logit) | GRPO on target | +0.875 [" in text and "| 0.0156 | 0.0781 | 7/0/1 |" in text
+    assert "p=0.00781 Holm 0.0469 (8W/0L)" in text  # TRACE against base in the main table
 
 
 def test_every_method_needs_the_base_models_tasks():
@@ -38,6 +83,20 @@ def test_every_method_needs_the_base_models_tasks():
         report_rows([MethodScores("x", ["a"], [1.0], [True], 0)])
     with pytest.raises(ValueError, match="not scored on the base model's tasks"):
         report_rows([base, MethodScores("x", ["a", "b"], [1.0, 0.0], [True, False], 0)])
+
+
+def test_an_out_of_band_capability_with_an_adapter_is_routed_like_a_ready_one(tmp_path):
+    from trace_ray.routing.adapters import served_adapters, trained_adapters
+
+    statuses = {"a": "READY", "b": "OUT_OF_BAND", "c": "OUT_OF_BAND", "d": "FAILED"}
+    (tmp_path / "capabilities").mkdir()
+    entries = [{"name": n, "description": f"the {n} skill", "status": s, "environment": f"synthetic/{n}"} for n, s in statuses.items()]
+    (tmp_path / "capabilities" / "selected.json").write_text(json.dumps(entries))
+    for name in ("a", "b", "d"):  # c was skipped by train (accept_out_of_band off): no adapter
+        (tmp_path / "adapters" / name).mkdir(parents=True)
+        (tmp_path / "adapters" / name / "adapter_model.safetensors").write_bytes(b"")
+    assert [(a.name, a.description) for a in trained_adapters(tmp_path)] == [("a", "the a skill"), ("b", "the b skill")]
+    assert [(a.name, a.description) for a in served_adapters(tmp_path)] == [("a", "the a skill"), ("b", "the b skill"), ("d", "")]
 
 
 def write_metrics(folder, rollouts):
@@ -64,11 +123,42 @@ def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
     assert all(row["tasks"] == 4 for row in rows.values())
     assert rows[f"adapter:{names[0]}"]["rollouts"] == 16 and rows["TRACE (logit)"]["rollouts"] == 24
     assert rows["GRPO on target"]["rollouts"] == 24 and rows["prompt injection"]["rollouts"] == 0
-    routable = [row["mean_reward"] for name, row in rows.items() if name == "base" or name.startswith(("adapter:", "TRACE"))]
-    assert rows["oracle router"]["mean_reward"] >= max(routable)  # the best option of every task: no router does better
-    assert len(report["choices"]["logit"]) == 4 and set(report["choices"]["logit"]) <= {*names, "base"}
+    option_rows = {"base": "base", **{name: f"adapter:{name}" for name in names}}
+    per_task = [{option: rows[row]["rewards"][i] for option, row in option_rows.items()} for i in range(4)]
+    # the oracle router plays, on every task, an option that scored the task's highest reward (the base on a tie)
+    assert rows["oracle router"]["rewards"] == [max(rewards.values()) for rewards in per_task]
+    for rewards, pick in zip(per_task, report["choices"]["oracle"]):
+        assert rewards[pick] == max(rewards.values()) and (pick == "base" or rewards["base"] < rewards[pick])
+    # TRACE with the logit router scores, task by task, what its chosen option scored alone
+    assert len(report["choices"]["logit"]) == 4
+    assert rows["TRACE (logit)"]["rewards"] == [rewards[pick] for rewards, pick in zip(per_task, report["choices"]["logit"])]
+    # TRACE against GRPO on target and the best single adapter, from the per-task scores report.json stores
+    seed = compose_config("evaluate", TINY).seed
+    rewards = {name: row["rewards"] for name, row in rows.items()}
+    assert all(len(r) == 4 for r in rewards.values())
+    adapter_means = {name: sum(r) / 4 for name, r in rewards.items() if name.startswith("adapter:")}
+    best = next(name for name, mean in adapter_means.items() if mean == max(adapter_means.values()))  # ties: the first
+    assert report["best_adapter"] == best
+    comparisons = {c["baseline"]: c for c in report["comparisons"] if c["method"] == "TRACE (logit)"}
+    assert sorted(comparisons) == sorted({"GRPO on target", best})
+    for baseline, comparison in comparisons.items():
+        differences = [a - b for a, b in zip(rewards["TRACE (logit)"], rewards[baseline])]
+        assert comparison["mean_difference"] == pytest.approx(sum(differences) / 4)
+        wins, losses = sum(d > 0 for d in differences), sum(d < 0 for d in differences)
+        assert (comparison["wins"], comparison["losses"], comparison["ties"]) == (wins, losses, 4 - wins - losses)
+        # the exact sign-flip p-value, enumerated here over all 2^4 sign patterns of the 4 differences
+        # (a zero difference flips to itself, so it changes no sum)
+        flipped = [abs(sum(s * d for s, d in zip(signs, differences))) for signs in itertools.product((1, -1), repeat=4)]
+        assert comparison["p_value"] == pytest.approx(sum(f >= abs(sum(differences)) - 1e-12 for f in flipped) / 16)
+        # the bootstrap interval is the statistics module's (tested there), drawn with the run's seed and confidence
+        expected = paired_comparison(rewards["TRACE (logit)"], rewards[baseline], report["confidence"], seed=seed)
+        assert comparison["interval"] == pytest.approx(list(expected.interval))
+    paired = [row["vs_base"] for row in rows.values() if "vs_base" in row] + report["comparisons"]
+    assert len(paired) == len(rows) - 1 + 2
+    assert [c["p_holm"] for c in paired] == pytest.approx(holm_by_hand([c["p_value"] for c in paired]))
     text = (tmp_path / "eval" / "report.md").read_text()
     assert text.splitlines()[2].startswith("| method |")
+    assert f"Best single adapter: {best}" in text and "| TRACE (logit) | GRPO on target |" in text
     for plot in ("methods.png", "reward_curves.png"):
         assert (tmp_path / "eval" / plot).stat().st_size > 0
 
@@ -88,6 +178,9 @@ def test_evaluate_plays_the_routers_that_route_trained(tmp_path):
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     rows = {row["method"]: row for row in report["methods"]}
     assert "TRACE (learned)" in rows and "TRACE (moe)" in rows and "TRACE (moe)" not in report["not_evaluated"]
-    assert rows["TRACE (moe)"]["tasks"] == 4 and 0 <= rows["TRACE (moe)"]["mean_reward"] <= 1
+    moe = rows["TRACE (moe)"]
+    # odd-parity rewards are 1 or 0, a success exactly where the reward is 1: the mean is the share of successes
+    assert moe["tasks"] == 4 and len(moe["rewards"]) == 4 and set(moe["rewards"]) <= {0.0, 1.0}
+    assert moe["mean_reward"] == sum(moe["rewards"]) / 4 == moe["successes"] / 4
     learned = json.loads((tmp_path / "router" / "learned.json").read_text())
     assert report["choices"]["learned"] == [task["choice"] for task in learned["tasks"]]  # the saved gate, reloaded

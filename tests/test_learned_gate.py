@@ -30,6 +30,7 @@ def test_the_gate_learns_separable_labels_and_generalizes(hidden):
     test_x, test_y = clusters(20, seed=2)
     gate = fit_gate(train_x, train_y, NAMES, gate_settings(f"router.gate.hidden={hidden}"))
     assert gate.metrics["train_accuracy"] == 1.0 and gate.metrics["label_counts"] == {name: 20 for name in NAMES}
+    assert [d.choice for d in gate_decisions(gate, train_x)] == train_y  # the reported accuracy, checked choice by choice
     choices = [d.choice for d in gate_decisions(gate, test_x)]
     assert sum(c == y for c, y in zip(choices, test_y)) / len(test_y) >= 0.9
 
@@ -70,6 +71,11 @@ def test_pooled_features_ignore_padding_and_the_system_policy(tiny):
     alone = pooled_features(model, tokenizer, [short])
     batched = pooled_features(model, tokenizer, [long, short])
     assert batched.shape == (2, model.config.hidden_size)
+    # by hand: the request alone in the chat template, one unpadded forward pass, the plain mean of the last hidden states
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "turn on wifi"}], tokenize=True, return_dict=True)["input_ids"]
+    with torch.no_grad():
+        hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+    assert torch.allclose(alone[0], hidden.mean(dim=0), atol=1e-5)
     assert torch.allclose(alone[0], batched[1], atol=1e-5)
     other_policy = [{"role": "system", "content": "Another policy."}, short[1]]
     assert torch.equal(pooled_features(model, tokenizer, [other_policy]), alone)

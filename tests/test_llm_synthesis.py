@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +25,7 @@ VALID = '''\
 """Set values: the user asks for settings; the agent sets each with set_value and reports them."""
 import json
 import random
+import re
 
 from environments.tool_environment import Tool, ToolEnvironment, ToolError
 
@@ -73,7 +78,8 @@ class SetValues(ToolEnvironment):
     def score(self):
         correct = sum(self.values[key] == value for key, value in self.targets.items())
         reply = self.log.replies[-1] if self.log.replies else ""
-        reported = all(str(value) in reply for value in self.targets.values())
+        numbers = {int(number) for number in re.findall(r"\\d+", reply)}
+        reported = numbers == set(self.targets.values())  # every value, and no other number
         reward = 0.8 * correct / len(self.targets) + 0.2 * reported
         return reward, {"correct": correct, "success": reward >= self.success_threshold}
 
@@ -89,9 +95,8 @@ class SetValues(ToolEnvironment):
         done = ", ".join(f"{key} is {value}" for key, value in self.targets.items())
         return {"role": "assistant", "content": f"Done: {done}."}
 
-    def broken_oracle_message(self):
-        message = self.oracle_message()
-        return message if message.get("tool_calls") else {"role": "assistant", "content": "Done."}
+    def capability_turns(self):
+        return list(range(len(self.targets)))  # the set_value calls
 
 
 def make_environment(difficulty, max_turns, max_tool_calls_per_turn, success_threshold):
@@ -235,11 +240,34 @@ def test_crash_stops_the_sandbox_and_names_the_exit(tmp_path):
             env.reset(1)
 
 
-def test_network_isolation_is_reported(tmp_path):
+def isolation_this_machine_allows() -> str | None:
+    """The network isolation the kernel grants this user, probed apart from the sandbox's code: util-linux's
+    unshare(1), or where it is missing the unshare(2) call in a throwaway Python process. None: no network namespace."""
+
+    def can_unshare(*flags: str) -> bool:
+        tool = shutil.which("unshare")
+        if tool:
+            return subprocess.run([tool, *flags, "true"], capture_output=True).returncode == 0
+        bits = sum({"--net": 0x40000000, "--user": 0x10000000}[flag] for flag in flags)  # CLONE_NEWNET, CLONE_NEWUSER
+        probe = f"import ctypes, sys; sys.exit(ctypes.CDLL(None, use_errno=True).unshare({bits}) != 0)"
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+    if can_unshare("--net"):
+        return "network namespace"
+    if can_unshare("--user", "--net"):
+        return "user and network namespaces"
+    return None
+
+
+def test_network_isolation_is_the_strongest_this_machine_allows(tmp_path):
+    expected = isolation_this_machine_allows()
     with SandboxedEnvironment(write(tmp_path, "valid.py", VALID), 1, limits=LIMITS) as env:
-        assert env.network_isolation in ("network namespace", "user and network namespaces") or env.network_isolation.startswith(
-            "socket functions disabled"
-        )
+        if expected is None:
+            assert env.network_isolation.startswith("socket functions disabled (no network namespace: ")
+        else:
+            assert env.network_isolation == expected
+            # and the child really left this process's network namespace
+            assert os.readlink(f"/proc/{env._process.pid}/ns/net") != os.readlink("/proc/self/ns/net")
 
 
 # -- extract_module -------------------------------------------------------------------------
@@ -274,7 +302,7 @@ def test_prompt_names_the_capability_tools_policy_and_protocol():
     system, user = generation_messages(REQUEST, "PROTOCOL TEXT")
     assert system["role"] == "system" and "```python" in system["content"]
     for part in ("report_values", "Tell the user the values", "final reply: Done.", '"set_value"', "You control settings.",
-                 "PROTOCOL TEXT", "broken_oracle_message", "DIFFICULTIES", "ONE ```python code block"):
+                 "PROTOCOL TEXT", "capability_turns", "DIFFICULTIES", "ONE ```python code block"):
         assert part in user["content"]
     protocol_text = default_protocol_text()
     assert protocol_text.startswith("The generated module's contract") and "The sandbox" not in protocol_text

@@ -87,11 +87,11 @@ def test_decide_takes_the_argmax_with_a_softmax():
     decision = decide({"a": 1.0, "b": 3.0, BASE: 2.0})
     assert decision.choice == "b"
     assert decision.scores == {"a": 1.0, "b": 3.0, BASE: 2.0}
-    assert math.isclose(sum(decision.probabilities.values()), 1.0)
-    expected = torch.softmax(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64), 0).tolist()
-    assert [decision.probabilities[k] for k in ("a", "b", BASE)] == pytest.approx(expected)
-    assert max(decision.probabilities, key=decision.probabilities.get) == "b"
-    assert math.isclose(sum(decide({"a": 1000.0, "b": -1000.0}).probabilities.values()), 1.0)  # no overflow
+    # by hand: e^1 = 2.718281828, e^3 = 20.085536923, e^2 = 7.389056099; sum 30.192874850
+    # -> 2.718281828 / 30.192874850 = 0.090030573, 20.085536923 / 30.192874850 = 0.665240956, 7.389056099 / 30.192874850 = 0.244728471
+    assert [decision.probabilities[k] for k in ("a", "b", BASE)] == pytest.approx([0.090030573, 0.665240956, 0.244728471], abs=1e-9)
+    # 1000 apart: e^-2000 underflows to 0 beside e^0 = 1 (a naive e^1000 would overflow)
+    assert decide({"a": 1000.0, "b": -1000.0}).probabilities == {"a": 1.0, "b": 0.0}
 
 
 def test_decide_ties():
@@ -196,13 +196,12 @@ def test_route_with_the_tiny_model_scores_every_option(tiny_model):
     task = observation("Remind me to water the plants in 3 hours.")
     decision = router.route(task)
     assert list(decision.scores) == ["datetime_reasoning", "error_recovery", BASE]
-    assert decision.choice == max(decision.scores, key=decision.scores.get)
-    assert all(math.isfinite(value) for value in decision.scores.values())
     assert math.isclose(sum(decision.probabilities.values()), 1.0)
     with torch.no_grad():  # the scores are the next-token logits of the label tokens at the last position
         logits = network(torch.tensor([router.prompt_ids(task)])).logits[0, -1]
-    for (label, token), name in zip(router.labels, router.names):
-        assert decision.scores[name] == pytest.approx(logits[token].item(), abs=1e-5)
+    by_hand = {name: logits[token].item() for (_, token), name in zip(router.labels, router.names)}
+    assert decision.scores == pytest.approx(by_hand, abs=1e-5)
+    assert decision.choice == max(by_hand, key=by_hand.get)  # the label whose logit, computed here, is highest
     prompt = tokenizer.decode(router.prompt_ids(task))
     assert "Remind me to water the plants in 3 hours." in prompt and BASE_DESCRIPTION in prompt
     assert prompt.endswith("<|im_start|>assistant\nAnswer:")

@@ -116,12 +116,26 @@ def test_top_2_mixes_the_two_best_options_with_the_softmax_of_their_logits(adapt
     with torch.no_grad():
         layer.gate.weight.zero_()
         layer.gate.bias.copy_(torch.tensor([2.0, 1.0, 0.0]))  # adapter_a, adapter_b, base
-        w_a, w_b = torch.softmax(torch.tensor([2.0, 1.0]), dim=0)
-        expected = layer.base(x) + w_a * delta("adapter_a", LORA_A) + w_b * delta("adapter_b", LORA_B)
+        # top 2 by hand: logits 2 and 1 -> e^2 / (e^2 + e^1) = e / (e + 1) = 0.7310585786, 1 / (e + 1) = 0.2689414214
+        expected = layer.base(x) + 0.7310585786 * delta("adapter_a", LORA_A) + 0.2689414214 * delta("adapter_b", LORA_B)
         assert torch.allclose(layer(x), expected, atol=1e-6)
         layer.gate.bias.copy_(torch.tensor([0.0, 1.0, 3.0]))  # base and adapter_b: base adds nothing
-        _, w_b = torch.softmax(torch.tensor([3.0, 1.0]), dim=0)
-        assert torch.allclose(layer(x), layer.base(x) + w_b * delta("adapter_b", LORA_B), atol=1e-6)
+        # logits 3 (base) and 1 (adapter_b) -> adapter_b's weight e^1 / (e^3 + e^1) = 1 / (e^2 + 1) = 0.1192029220
+        assert torch.allclose(layer(x), layer.base(x) + 0.1192029220 * delta("adapter_b", LORA_B), atol=1e-6)
+
+
+def test_fixed_gates_route_to_the_option_most_of_its_layers_pick(adapters):
+    network, tokenizer = load_model(model_config("tiny_random"))
+    moe = gate_model(network, pairs(adapters))
+    fix_gates(moe, "adapter_b")
+    decision = MoERouter(moe, tokenizer).route(observation("turn on the wifi please"))
+    # per layer (2 of them): q_proj offers a, b, base; v_proj and down_proj a, base; o_proj and up_proj b, base.
+    # adapter_b is offered by q, o, up (6 slots) and picked in all 6; adapter_a by q, v, down (6) and picked in none;
+    # base is offered everywhere (10) and picked where b is not offered, v and down (4): scores 0/6, 6/6, 4/10
+    assert decision.scores == {"adapter_a": 0.0, "adapter_b": 1.0, BASE: 0.4}
+    assert decision.choice == "adapter_b"
+    fix_gates(moe, "adapter_a")  # a picked in its 6 slots; base in o and up (4 of 10); b nowhere
+    assert MoERouter(moe, tokenizer).route(observation("turn on the wifi please")).scores == {"adapter_a": 1.0, "adapter_b": 0.0, BASE: 0.4}
 
 
 def synthetic_prompts(tokenizer):

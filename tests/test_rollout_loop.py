@@ -6,6 +6,7 @@ from concurrent.futures import Future
 import torch
 
 from environments.device.environment import DeviceEnvironment
+from environments.self_checks import play_recorded
 from trace_ray.agent_prompt import AgentPrompt, render_tool_call
 from trace_ray.engines import Generation, SamplingParams
 from trace_ray.engines.hf import HFEngine
@@ -100,7 +101,11 @@ def test_batches_stay_full_and_results_keep_seed_order(tiny_model):
     assert backend.live_after_reset[0] == 4 and set(backend.live_after_reset[:-1]) == {4}
     assert sum(backend.reset_sizes) == 10 and len(backend.reset_sizes) > 2
     assert len(engine.requests) == sum(r.turns for r in results) > 10  # the wifi tasks took two turns
-    assert all(0.0 <= result.reward < 1.0 for result in results)
+    assert not any(result.success or result.reward == 1.0 for result in results)  # "All done." does no task
+    for result in results:  # each episode, replayed alone in a fresh environment, scores what the batched loop recorded
+        replies = iter([message for message in result.messages if message["role"] == "assistant"])
+        _, _, last = play_recorded(DeviceEnvironment(), result.seed, lambda _: next(replies))
+        assert (result.reward, result.success) == (last.reward, last.info["success"])
     rows = summarize([(r.family, r.reward, r.success) for r in results])
     assert rows[-1].group == "overall" and rows[-1].episodes == 10
     assert sum(row.episodes for row in rows[:-1]) == 10

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from environments.device.milestones import Reported, SettingIs, TextFact
+from environments.device.facts import TextFact
+from environments.device.milestones import All, Reported, SettingIs
 from environments.device.synthetic_templates import TEMPLATES, DeviceTemplate
 from trace_ray.cli import compose_config, main
-from trace_ray.commands import synthesize
+from trace_ray.commands import synthesize, train
 from trace_ray.errors import TraceRayError
 from tests.test_llm_labeler import server  # noqa: F401  (the recorded OpenAI-compatible server)
 
@@ -22,7 +23,7 @@ def switch_settings(draft, difficulty):
         draft.milestone(f"{name} on", SettingIs(name, True), 2)
         draft.call(f"set_{name}_status", on=True)
     draft.mark_capability_step()
-    draft.milestone("reported", Reported((TextFact((names[-1].replace("_", " "),)),)))
+    draft.milestone("reported", All((SettingIs(names[-1], True), Reported((TextFact((names[-1].replace("_", " "),)),)))))
     draft.say(f"I turned on {', '.join(n.replace('_', ' ') for n in names)}.")
     return f"Turn on {', '.join(n.replace('_', ' ') for n in names)}."
 
@@ -85,12 +86,47 @@ def test_calibration_picks_the_in_band_difficulty_and_marks_ready(tmp_path, temp
     assert "oracle scores 1.0" in statuses["hopeless"]["reason"]
     # the environment is now usable by name, at its calibrated difficulty, and check-env runs the synthetic checks
     assert main(["check-env", "env=synthetic/switching", f"run_dir={tmp_path}"]) == 0
-    assert "all 10 self-checks passed" in capsys.readouterr().out
+    assert "all 12 self-checks passed" in capsys.readouterr().out
     env_config = compose_config("score", ["env=synthetic/switching", f"run_dir={tmp_path}"]).env
     from trace_ray.environment_setup import environment_maker
 
     env = environment_maker(env_config)()
     assert env.difficulty == 2 and env.name == "synthetic/switching"
+
+
+def easy_rollouts(env, seeds, label):
+    """A base model that succeeds on every task at difficulties 1 and 2 and on 3 of 4 rollouts at 3: too easy everywhere."""
+    successes = 4 if env.difficulty < 3 else 3
+    return [[(1.0, True)] * successes + [(0.0, False)] * (4 - successes) for _ in seeds]
+
+
+def test_a_capability_with_no_level_in_band_is_out_of_band_with_its_nearest_level(tmp_path, templates, capsys):
+    write_selection(tmp_path, "switching")
+    synthesize.run(config_for(tmp_path), rollouts=easy_rollouts)
+    calibration = json.loads((tmp_path / "environments" / "switching" / "calibration.json").read_text())
+    # 1 too easy -> bracket [2, 3] bisects to 2, too easy -> 3, too easy (success 3/4 = 0.75 > 0.6) -> bracket empty
+    assert [(r["difficulty"], r["verdict"]) for r in calibration["rounds"]] == [(1, "too_easy"), (2, "too_easy"), (3, "too_easy")]
+    [entry] = json.loads((tmp_path / "capabilities" / "selected.json").read_text())
+    assert entry["status"] == "OUT_OF_BAND" and entry["environment"] == "synthetic/switching"
+    # nearest: the most informative level; 1 and 2 have only all-success groups (informative 0), 3 has none (informative 1).
+    # At 3 every group is (1, 1, 1, 0): mean reward 3/4, success 3/4, no all-success and no all-zero group
+    assert entry["nearest_level"] == {
+        "difficulty": 3, "verdict": "too_easy", "mean_reward": 0.75, "success_rate": 0.75,
+        "all_success_fraction": 0.0, "all_zero_fraction": 0.0,
+        "reasons": ["mean reward 0.75 > 0.60", "success rate 0.75 > 0.60"],
+    }
+    assert "the nearest, 3, is too_easy (mean reward 0.75 > 0.60; success rate 0.75 > 0.60)" in entry["reason"]
+    assert json.loads((tmp_path / "environments" / "switching" / "spec.json").read_text())["difficulty"] == 3
+    out = capsys.readouterr().out
+    assert "switching OUT_OF_BAND: no difficulty level tried was in the calibration band" in out
+    assert "trace-ray train skips switching (OUT_OF_BAND) unless synthesis.accept_out_of_band=true" in out
+    # train skips it, with the reason and the fix, unless told to accept it
+    train_overrides = [f"run_dir={tmp_path}", "model=tiny_random"]
+    with pytest.raises(TraceRayError, match="switching: OUT_OF_BAND.*synthesis.accept_out_of_band=true, or re-synthesize"):
+        train.train_jobs(compose_config("train", train_overrides))
+    [job] = train.train_jobs(compose_config("train", [*train_overrides, "synthesis.accept_out_of_band=true"]))
+    assert (job.name, job.env.name, job.env.capability) == ("switching", "synthetic", "switching")
+    assert "switching: OUT_OF_BAND, trained anyway (synthesis.accept_out_of_band=true)" in capsys.readouterr().out
 
 
 def test_every_capability_failing_is_an_error(tmp_path, templates):
@@ -141,13 +177,21 @@ def test_calibration_with_the_base_model_on_ray(tmp_path, ray_session):
     synthesize.run(config)
     calibration = json.loads((tmp_path / "environments" / "information_reporting" / "calibration.json").read_text())
     rounds = calibration["rounds"]
-    assert 1 <= len(rounds) <= 2 and rounds[0]["difficulty"] == TEMPLATES["information_reporting"].default_difficulty
+    # 8 new tokens of the random model hold no tool call and no reported fact: all 2 x 2 rollouts score 0 at every level.
+    # Mean 0 < 0.2, success 0 < 0.2, all-zero groups 2/2 = 1 > 0.2: too hard. Levels 1-5 start at 2; too hard leaves
+    # the bracket [1], which is too hard too: the bracket is empty after 2 rounds. Neither is in band; both tie on
+    # informative groups (0) and distance to the band's middle (0.4), so the easier level, 1, is kept.
+    assert TEMPLATES["information_reporting"].difficulties == (1, 2, 3, 4, 5)
+    assert [round_["difficulty"] for round_ in rounds] == [TEMPLATES["information_reporting"].default_difficulty, 1] == [2, 1]
     for round_ in rounds:
         stats = round_["stats"]
         assert (stats["n_groups"], stats["group_size"]) == (2, 2)
-        assert 0.0 <= stats["mean_reward"] <= 1.0 and round_["verdict"] in ("in_band", "too_easy", "too_hard")
+        assert (stats["mean_reward"], stats["success_rate"], stats["all_zero_fraction"], stats["informative_fraction"]) == (0, 0, 1, 0)
+        assert round_["verdict"] == "too_hard"
+        assert round_["reasons"] == ["mean reward 0.00 < 0.20", "success rate 0.00 < 0.20", "all-zero groups 1.00 > 0.20"]
+    assert (calibration["difficulty"], calibration["in_band"]) == (1, False)
     [entry] = json.loads((tmp_path / "capabilities" / "selected.json").read_text())
-    assert entry["status"] == "READY"
+    assert entry["status"] == "OUT_OF_BAND"
 
 
 DEVICE_MODULE = '''\

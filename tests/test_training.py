@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from trace_ray.errors import TraceRayError
 from trace_ray.training.grpo import pad_batch, policy_loss, token_logprobs
 from trace_ray.training.groups import TrainingRow
 from trace_ray.training.lora_model import peft_settings, trainable_model
-from trace_ray.training.train_loop import batch_fits, update
+from trace_ray.training.train_loop import batch_fits, train_loop_per_worker, update
 from trace_ray.training.weight_sync import WeightSyncError, sync_adapter
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
@@ -212,6 +213,8 @@ def write_selection(run_dir, entries):
         ([{"name": "a", "status": "FAILED"}], ["capability=a"], "capability 'a' is FAILED, not READY"),
         ([{"name": "a", "status": "READY"}], ["capability=b"], "capability='b' is not in"),
         ([{"name": "a", "status": "READY"}, {"name": "b", "status": "READY"}], ["adapter=x"], "adapter= names one adapter"),
+        ([{"name": "a", "status": "OUT_OF_BAND"}, {"name": "b", "status": "READY"}], ["capability=a"], "(a: OUT_OF_BAND,"),
+        ([{"name": "a", "status": "READY"}], ["synthesis.accept_out_of_band=maybe"], "synthesis.accept_out_of_band"),
         ([], ["env=synthetic/a"], "run trace-ray synthesize"),
     ],
 )
@@ -221,6 +224,32 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys, entries, overrides, me
     assert main(["train", f"run_dir={tmp_path}", *TINY, *overrides]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "adapters").exists()
+
+
+def test_out_of_band_capabilities_are_skipped_with_their_reason_unless_accepted(tmp_path, capsys):
+    reason = "no difficulty level tried was in the calibration band; the nearest, 3, is too_hard (mean reward 0.05 < 0.20)"
+    write_selection(tmp_path, [
+        {"name": "a", "status": "READY"}, {"name": "b", "status": "OUT_OF_BAND", "reason": reason},
+        {"name": "c", "status": "FAILED"}, {"name": "d", "status": "OUT_OF_BAND", "reason": reason},
+    ])
+    skipping = train.train_jobs(tiny_config(f"run_dir={tmp_path}"))
+    assert [(job.name, job.env.capability) for job in skipping] == [("a", "a")]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"b: OUT_OF_BAND, skipped: {reason}", f"d: OUT_OF_BAND, skipped: {reason}"]  # one line each
+    accepting = train.train_jobs(tiny_config(f"run_dir={tmp_path}", "synthesis.accept_out_of_band=true"))
+    assert [(job.name, job.env.capability) for job in accepting] == [("a", "a"), ("b", "b"), ("d", "d")]
+    assert capsys.readouterr().out.splitlines()[0] == f"b: OUT_OF_BAND, trained anyway (synthesis.accept_out_of_band=true): {reason}"
+    [job] = train.train_jobs(tiny_config(f"run_dir={tmp_path}", "synthesis.accept_out_of_band=true", "capability=d"))
+    assert job.output == str(tmp_path.resolve() / "adapters" / "d")
+
+
+def test_no_trainable_capability_names_the_cause_and_both_fixes(tmp_path, capsys):
+    write_selection(tmp_path, [{"name": "a", "status": "OUT_OF_BAND", "reason": "r"}, {"name": "b", "status": "FAILED"}])
+    assert main(["train", f"run_dir={tmp_path}", *TINY]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(a: OUT_OF_BAND, calibration found no difficulty in band)" in err
+    assert "synthesis.accept_out_of_band=true" in err and "trace-ray synthesize run_dir=" in err
     assert not (tmp_path / "adapters").exists()
 
 
@@ -259,19 +288,46 @@ def test_every_ready_capability_trains_in_its_synthetic_environment(tmp_path, ra
     assert not (tmp_path / "adapters" / "datetime_reasoning").exists()  # FAILED capabilities are not trained
 
 
-def test_capabilities_train_concurrently_when_the_cluster_holds_two_jobs(tmp_path, ray_session):
+BARRIER_S = 240  # how long a job waits for the others at the barrier: far beyond a worker group's start-up on a busy machine
+
+
+def train_loop_after_every_job_arrived(loop_config: dict) -> None:
+    """The GRPO training loop, entered by each job only once every job of the run has reached it.
+
+    Runs in the Ray Train workers in place of ``train_loop_per_worker``: a job marks ``RUN_DIR/barrier/<job>``
+    with the time it arrived, then waits for the marks of every job named in ``RUN_DIR/barrier/jobs.json``.
+    Jobs trained one after another never meet: the first gives up after ``BARRIER_S`` and its training fails.
+    """
+    folder = Path(loop_config["config"].run_dir) / "barrier"
+    (folder / loop_config["job"].name).write_text(repr(time.time()))
+    names = json.loads((folder / "jobs.json").read_text())
+    deadline = time.monotonic() + BARRIER_S
+    while missing := [name for name in names if not (folder / name).exists()]:
+        if time.monotonic() > deadline:
+            raise TraceRayError(f"waited {BARRIER_S} s for {missing} to start: the jobs did not train at the same time")
+        time.sleep(0.2)
+    train_loop_per_worker(loop_config)
+
+
+def test_capabilities_train_concurrently_when_the_cluster_holds_two_jobs(tmp_path, ray_session, monkeypatch):
     names = ["tool_calling_precision", "datetime_reasoning"]
     write_selection(tmp_path, [{"name": name, "status": "READY"} for name in names])
     for name in names:
         write_template_spec(tmp_path, name, 1)
-    config = capability_config(tmp_path, "trainer.concurrent_jobs=2", "grpo.iterations=2")  # two: a wide window to overlap in
-    deadline = time.monotonic() + 60  # 1.6 CPUs a job; the session's Ray has 4 once earlier tests' actors are gone
-    while ray_session.available_resources().get("CPU", 0) < 2 * train.job_resources(config)["CPU"] and time.monotonic() < deadline:
-        time.sleep(0.5)
-    train.run(config)
-    first, second = (metrics_of(tmp_path, name) for name in names)
-    first, second = ({"started_at": rows[0]["started_at"], "finished_at": rows[-1]["finished_at"]} for rows in (first, second))
-    assert first["started_at"] < second["finished_at"] and second["started_at"] < first["finished_at"]  # they overlapped
+    (tmp_path / "barrier").mkdir()
+    (tmp_path / "barrier" / "jobs.json").write_text(json.dumps(names))
+    monkeypatch.setattr("trace_ray.training.train_loop.train_loop_per_worker", train_loop_after_every_job_arrived)
+    config = capability_config(tmp_path, "trainer.concurrent_jobs=2")
+    # 1.6 CPUs a job; the session's Ray has 4 once earlier tests' actors are gone, which on a busy machine takes a while
+    need, deadline = 2 * train.job_resources(config)["CPU"], time.monotonic() + 300
+    while (free := ray_session.available_resources().get("CPU", 0)) < need:
+        assert time.monotonic() < deadline, f"Ray never freed {need} CPUs for two jobs ({free} free after 300 s)"
+        time.sleep(1)
+    train.run(config)  # each job trains only once both have arrived: run one after the other, the first would fail
+    arrived = {name: float((tmp_path / "barrier" / name).read_text()) for name in names}
+    finished = {name: metrics_of(tmp_path, name)[-1]["finished_at"] for name in names}
+    first, second = names
+    assert arrived[first] < finished[second] and arrived[second] < finished[first]  # the two jobs' work overlapped
 
 
 @pytest.mark.parametrize(

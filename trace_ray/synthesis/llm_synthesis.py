@@ -58,7 +58,8 @@ REQUIREMENTS = """\
 6. A do-nothing agent (it replies "OK." at once), a wrong-action agent (the oracle's tool calls with every argument
    corrupted) and a random agent (random tools with random arguments) score clearly lower: below 1.0 on every
    task and at most 0.5 on average.
-7. broken_oracle_message() is the oracle's next message with the capability's step done wrong: playing it scores
+7. capability_turns() lists the current task's oracle turns (0-based) that exercise the capability: the oracle with
+   those turns done wrong (the checks corrupt their arguments or empty the reply) scores
    below 1.0 on every task.
 8. Harder DIFFICULTIES levels give harder tasks of the same capability (more steps, more distractors, longer inputs).
 9. Results are plain JSON; only the standard library, environments.protocol and environments.tool_environment are

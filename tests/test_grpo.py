@@ -5,17 +5,7 @@ import math
 import pytest
 import torch
 
-from trace_ray.training.grpo import (
-    LOG_RATIO_LIMIT,
-    PaddedBatch,
-    entropy_from_logits,
-    group_advantages,
-    kl_penalty,
-    minibatches,
-    pad_batch,
-    policy_loss,
-    token_logprobs,
-)
+from trace_ray.training.grpo import LOG_RATIO_LIMIT, group_advantages, kl_penalty, minibatches, policy_loss
 
 # --------------------------------------------------------------------------- group_advantages
 
@@ -91,86 +81,6 @@ def test_group_advantages_rejects_unknown_mode_and_nan():
         group_advantages(torch.zeros(1, 2), normalize="rank")
     with pytest.raises(ValueError):
         group_advantages(torch.tensor([[1.0, float("nan")]]))
-
-
-# --------------------------------------------------------------------------- pad_batch
-
-
-def test_pad_batch_shifts_mask_and_logprobs_to_next_token_frame():
-    # row 0: tokens [10, 11, 12, 13, 14], mask [0, 0, 1, 1, 0], logprobs [0, 0, -.5, -.25, 0]
-    #   position t refers to token t+1 -> mask [0, 1, 1, 0], logprobs [0, -.5, -.25, 0]
-    # row 1: tokens [20, 21, 22], mask [0, 1, 1], logprobs [0, -1, -2]
-    #   -> mask [1, 1, 0(pad), 0(pad)], logprobs [-1, -2, 0, 0]; ids padded with 99
-    batch = pad_batch(
-        [[10, 11, 12, 13, 14], [20, 21, 22]],
-        [[0, 0, 1, 1, 0], [0, 1, 1]],
-        [[0.0, 0.0, -0.5, -0.25, 0.0], [0.0, -1.0, -2.0]],
-        [0.5, -1.5],
-        pad_id=99,
-    )
-    assert isinstance(batch, PaddedBatch)
-    assert batch.input_ids.tolist() == [[10, 11, 12, 13, 14], [20, 21, 22, 99, 99]]
-    assert batch.input_ids.dtype == torch.long and batch.attention_mask.dtype == torch.long
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
-    assert batch.action_mask.tolist() == [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]
-    assert batch.old_logprobs.tolist() == [[0.0, -0.5, -0.25, 0.0], [-1.0, -2.0, 0.0, 0.0]]
-    assert batch.advantages.tolist() == [0.5, -1.5]
-    # the shifted frame matches token_logprobs: action position t predicts input_ids[:, t+1]
-    picked = batch.input_ids[:, 1:][batch.action_mask.bool()]
-    assert picked.tolist() == [12, 13, 21, 22]
-
-
-def test_pad_batch_validates_rows():
-    with pytest.raises(ValueError, match="row 1"):
-        pad_batch([[1, 2], [3, 4, 5]], [[0, 1], [0, 1]], [[0.0, -1.0], [0.0, -1.0, -1.0]], [0.0, 0.0], 0)
-    with pytest.raises(ValueError, match="row 0"):
-        pad_batch([[1, 2]], [[0, 1]], [[0.0]], [0.0], 0)
-    with pytest.raises(ValueError, match="row 0"):  # first token cannot be an action
-        pad_batch([[1, 2]], [[1, 1]], [[-1.0, -1.0]], [0.0], 0)
-    with pytest.raises(ValueError):  # advantages count differs
-        pad_batch([[1, 2]], [[0, 1]], [[0.0, -1.0]], [0.0, 1.0], 0)
-    with pytest.raises(ValueError):
-        pad_batch([], [], [], [], 0)
-
-
-# --------------------------------------------------------------------------- token_logprobs
-
-
-def _manual_logprobs(logits, ids, temperature=1.0):
-    B, T, _ = logits.shape
-    out = torch.zeros(B, T - 1)
-    for b in range(B):
-        for t in range(T - 1):
-            out[b, t] = torch.log_softmax(logits[b, t] / temperature, dim=-1)[ids[b, t + 1]]
-    return out
-
-
-def test_token_logprobs_matches_manual_loop_and_temperature():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 6, 11, generator=g) * 3
-    ids = torch.randint(0, 11, (3, 6), generator=g)
-    got = token_logprobs(logits, ids)
-    assert got.shape == (3, 5)
-    assert torch.allclose(got, _manual_logprobs(logits, ids), atol=1e-5)
-    got_t = token_logprobs(logits, ids, temperature=0.7)
-    assert torch.allclose(got_t, _manual_logprobs(logits, ids, 0.7), atol=1e-5)
-    assert not torch.allclose(got_t, got, atol=1e-3)
-
-
-def test_token_logprobs_hand_value_and_gradient():
-    # logits [0, ln 3] -> p = [1/4, 3/4]; target 1 -> ln .75 = -0.2876821
-    # at temperature 2: logits [0, ln 3 / 2] -> p1 = sqrt3 / (1 + sqrt3) = 0.6339746 -> ln = -0.4557425
-    logits = torch.tensor([[[0.0, math.log(3.0)], [5.0, 5.0]]], requires_grad=True)
-    ids = torch.tensor([[0, 1]])
-    assert torch.allclose(token_logprobs(logits, ids), torch.tensor([[-0.2876821]]), atol=1e-6)
-    assert torch.allclose(token_logprobs(logits, ids, temperature=2.0), torch.tensor([[-0.4557425]]), atol=1e-6)
-    token_logprobs(logits, ids).sum().backward()
-    # d/dlogits log p1 = onehot(1) - p = [-.25, .25]; last position is unused
-    assert torch.allclose(logits.grad, torch.tensor([[[-0.25, 0.25], [0.0, 0.0]]]), atol=1e-6)
-    with pytest.raises(ValueError):
-        token_logprobs(logits, ids, temperature=0.0)
-    with pytest.raises(ValueError):
-        token_logprobs(logits, torch.tensor([[0, 1, 1]]))
 
 
 # --------------------------------------------------------------------------- policy_loss
@@ -338,7 +248,7 @@ def test_policy_loss_rejects_bad_arguments():
         policy_loss(z, z, torch.zeros(2), z, clip_low=1.0)
 
 
-# --------------------------------------------------------------------------- kl_penalty, entropy
+# --------------------------------------------------------------------------- kl_penalty
 
 
 def test_kl_penalty_hand_values():
@@ -360,20 +270,6 @@ def test_kl_penalty_hand_values():
 def test_kl_penalty_zero_when_equal():
     lp = -torch.rand(3, 4)
     assert kl_penalty(lp, lp.clone(), torch.ones(3, 4)).item() == 0.0
-
-
-def test_entropy_of_uniform_is_log_v():
-    # all-equal logits over V = 7 -> entropy ln 7 = 1.9459101 at every position
-    logits = torch.zeros(2, 4, 7)
-    mask = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
-    assert entropy_from_logits(logits, mask) == pytest.approx(math.log(7), abs=1e-6)
-    # a one-hot-ish position (entropy ~0) at a masked spot does not count
-    logits[0, 1, 0] = 1e4
-    assert entropy_from_logits(logits, mask) == pytest.approx(math.log(7), abs=1e-6)
-    # counted now: (3 ln 7 + 0)/4
-    mask[0, 1] = 1.0
-    assert entropy_from_logits(logits, mask) == pytest.approx(3 * math.log(7) / 4, abs=1e-6)
-    assert entropy_from_logits(logits, torch.zeros(2, 3)) == 0.0
 
 
 # --------------------------------------------------------------------------- minibatches

@@ -21,7 +21,7 @@ MINIMAL = [
     "labeler.runs=3", "selection.k=3", "synthesis.self_check_seeds=2", "synthesis.accept_out_of_band=true",
     "calibration.group_size=2", "calibration.num_seeds=2", "calibration.max_rounds=1", "calibration.pass_at=[1,2]",
     "grpo.iterations=1", "grpo.group_size=2", "grpo.groups_per_batch=1", "grpo.max_resample_batches=0",
-    "grpo.mini_batch_size=2", "grpo.micro_batch_size=2", "trainer.cpus_per_worker=0.5", "router.train_limit=2",
+    "grpo.mini_batch_size=2", "trainer.cpus_per_worker=0.5", "router.train_limit=2",
 ]
 
 

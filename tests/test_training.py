@@ -13,7 +13,8 @@ from trace_ray.cli import compose_config, main
 from trace_ray.commands import train
 from trace_ray.engines import SamplingParams, make_engine
 from trace_ray.errors import TraceRayError
-from trace_ray.training.grpo import pad_batch, policy_loss, token_logprobs
+from trace_ray.training.action_logprobs import ActionLogprobs, ScoredRow
+from trace_ray.training.grpo import policy_loss
 from trace_ray.training.groups import TrainingRow
 from trace_ray.training.lora_model import peft_settings, trainable_model
 from trace_ray.training.train_loop import batch_fits, train_loop_per_worker, update
@@ -27,27 +28,36 @@ def tiny_config(*overrides):
     return compose_config("train", [*TINY, *overrides])
 
 
-def teacher_forced_rows(policy, advantages, length=12, seed=0):
-    """Random token rows whose second half is the action, with the policy's own log-probs (ratio 1)."""
+def teacher_forced_rows(policy, advantages, length=12, seed=0, group=-1):
+    """Random token rows whose second half is the action, with the policy's own log-probs (ratio 1); rows of a group
+    (``group`` >= 0) share their first half."""
     generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(5, 200, (length // 2,), generator=generator).tolist()
     rows = []
     for advantage in advantages:
-        ids = torch.randint(5, 200, (length,), generator=generator).tolist()
+        ids = (prompt if group >= 0 else torch.randint(5, 200, (length // 2,), generator=generator).tolist())
+        ids = ids + torch.randint(5, 200, (length - length // 2,), generator=generator).tolist()
         mask = [0] * (length // 2) + [1] * (length - length // 2)
         with torch.no_grad():
-            logprobs = token_logprobs(policy(input_ids=torch.tensor([ids])).logits, torch.tensor([ids]))[0].tolist()
+            logits = policy(input_ids=torch.tensor([ids])).logits[0]
+            logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(length - 1), torch.tensor(ids[1:])].tolist()
         recorded = [0.0] + [lp if m else 0.0 for lp, m in zip(logprobs, mask[1:])]
-        rows.append(TrainingRow(ids, mask, recorded, advantage))
+        rows.append(TrainingRow(ids, mask, recorded, advantage, group))
     return rows
 
 
+def run_update(config, policy, rows, optimizer_class=torch.optim.AdamW):
+    optimizer = optimizer_class([p for p in policy.parameters() if p.requires_grad], lr=config.grpo.lr)
+    scorer = ActionLogprobs(policy, config.grpo.temperature, config.trainer.gradient_checkpointing)
+    return update(scorer, policy, optimizer, rows, config, torch.Generator().manual_seed(0))
+
+
 def test_update_changes_every_lora_parameter_and_nothing_else():
-    config = tiny_config("grpo.mini_batch_size=2", "grpo.lr=1e-2")
-    policy, tokenizer = trainable_model(config.model, config.lora, seed=0)
+    config = tiny_config("grpo.mini_batch_size=2", "grpo.lr=1e-2", "grpo.temperature=1.0")
+    policy, _ = trainable_model(config.model, config.lora, seed=0)
     before = {name: p.detach().clone() for name, p in policy.named_parameters()}
     rows = teacher_forced_rows(policy, [1.0, -1.0, 1.0, -1.0])
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.grpo.lr)
-    metrics = update(policy, policy, optimizer, rows, config, torch.Generator().manual_seed(0), tokenizer.pad_token_id)
+    metrics = run_update(config, policy, rows)
     assert metrics["optimizer_steps"] == 2 and metrics["trained_tokens"] == 4 * 6  # 6 action tokens per row
     lora, base = [], []
     for name, parameter in policy.named_parameters():
@@ -57,19 +67,33 @@ def test_update_changes_every_lora_parameter_and_nothing_else():
     assert all(p.grad is None for name, p in policy.named_parameters() if "lora_" not in name)
 
 
-def test_micro_batches_give_the_gradient_of_the_whole_minibatch():
-    """Padded micro-batches of 3 and single trajectories (of different lengths) take the same optimizer step."""
+@pytest.mark.parametrize("settings", [
+    ("grpo.shared_prefix=false", "grpo.max_tokens_per_micro_batch=24", "trainer.gradient_checkpointing=true"),
+    ("grpo.shared_prefix=true", "grpo.max_tokens_per_micro_batch=1"),
+    ("grpo.shared_prefix=true", "grpo.max_tokens_per_micro_batch=100000", "trainer.gradient_checkpointing=true"),
+    ("grpo.shared_prefix=true", "grpo.max_tokens_per_micro_batch=100000", "grpo.kl_coef=0.5", "grpo.ppo_epochs=2"),
+])
+def test_micro_batches_shared_prefixes_and_checkpointing_give_the_same_steps(settings):
+    """Every row alone and whole (the reference) and micro-batches of other sizes, shared prompts, recomputed activations:
+    the same optimizer steps (groups of shared prompts, of different lengths; with the KL and two epochs too). SGD, so
+    that equal steps mean equal gradients (Adam divides tiny gradients by their own size and magnifies float noise)."""
     results = []
-    for micro in (1, 3):
-        config = tiny_config("grpo.mini_batch_size=4", f"grpo.micro_batch_size={micro}", "grpo.lr=1e-2")
-        policy, tokenizer = trainable_model(config.model, config.lora, seed=0)
-        rows = teacher_forced_rows(policy, [1.0, -1.0], length=12) + teacher_forced_rows(policy, [0.5, -0.5], length=7, seed=1)
-        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.grpo.lr)
-        metrics = update(policy, policy, optimizer, rows, config, torch.Generator().manual_seed(0), tokenizer.pad_token_id)
+    extra = [s for s in settings if s.startswith(("grpo.kl_coef", "grpo.ppo_epochs"))]
+    for overrides in (("grpo.shared_prefix=false", "grpo.max_tokens_per_micro_batch=1", *extra), settings):
+        config = tiny_config("grpo.mini_batch_size=5", "grpo.lr=1e-2", "grpo.temperature=1.0", *overrides)
+        policy, _ = trainable_model(config.model, config.lora, seed=0)
+        initial = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+        rows = teacher_forced_rows(policy, [1.0, -1.0, 0.5], length=12, group=0) + teacher_forced_rows(policy, [0.5, -0.5], length=7, seed=1, group=1)
+        metrics = run_update(config, policy, rows, torch.optim.SGD)
         results.append(({n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}, metrics))
-    (single, single_metrics), (micro, micro_metrics) = results
-    assert all(torch.allclose(single[n], micro[n], atol=1e-6) for n in single)
-    assert abs(single_metrics["loss"] - micro_metrics["loss"]) < 1e-6
+    (single, single_metrics), (other, other_metrics) = results
+    changed = max((single[n] - before).abs().max() for n, before in initial.items())
+    assert changed > 1e-4  # the step is not nothing
+    assert all(torch.allclose(single[n], other[n], atol=1e-6) for n in single)
+    assert abs(single_metrics["loss"] - other_metrics["loss"]) < 1e-6
+    if "grpo.shared_prefix=true" in settings and "grpo.max_tokens_per_micro_batch=100000" in settings:
+        # one micro-batch: the 6-token prompt of group 0 once (6 + 3 x 6) and group 1's 3 tokens once (3 + 2 x 4)
+        assert other_metrics["forward_tokens"] == single_metrics["forward_tokens"] - (2 * 6 + 1 * 3) * config.grpo.ppo_epochs
 
 
 def test_recorded_sampling_logprobs_give_ratio_one():
@@ -81,10 +105,11 @@ def test_recorded_sampling_logprobs_give_ratio_one():
     [generation] = engine.generate([prompt], SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=10, seed=3))
     ids = prompt + generation.token_ids
     mask = [0] * len(prompt) + [1] * len(generation.token_ids)
-    batch = pad_batch([ids], [mask], [[0.0] * len(prompt) + generation.logprobs], [1.0], tokenizer.pad_token_id)
+    actions = list(range(len(prompt), len(ids)))
     with torch.no_grad():
-        new = token_logprobs(policy(input_ids=batch.input_ids).logits, batch.input_ids, temperature=0.7)
-    loss, stats = policy_loss(new, batch.old_logprobs, batch.advantages, batch.action_mask)
+        new, _ = ActionLogprobs(policy, temperature=0.7)([ScoredRow(ids, actions)])
+    old = torch.tensor(generation.logprobs)
+    loss, stats = policy_loss(new[None], old[None], torch.tensor([1.0]), torch.ones(1, len(actions)))
     assert abs(stats["ratio_mean"] - 1.0) < 1e-4 and stats["approx_kl"] < 1e-7 and stats["clip_fraction"] == 0.0
 
 

@@ -221,7 +221,8 @@ class GRPOConfig:
     max_resample_batches: int = MISSING
     ppo_epochs: int = MISSING
     mini_batch_size: int = MISSING
-    micro_batch_size: int = MISSING
+    max_tokens_per_micro_batch: int = MISSING  # tokens one forward/backward pass runs (shared prefixes counted once)
+    shared_prefix: bool = MISSING  # a group's common prompt encoded once per micro-batch (the same log-probs and gradients)
     clip_eps: float = MISSING
     clip_eps_high: Optional[float] = None
     kl_coef: float = MISSING
@@ -253,6 +254,7 @@ class TrainerConfig:
     torch_threads: Optional[int] = None  # per train worker (null: cores / num_workers)
     concurrent_jobs: int = MISSING  # capability adapters trained at once, as far as the cluster's resources allow
     storage_path: Optional[str] = None
+    gradient_checkpointing: bool = MISSING  # recompute each prefix group's activations in backward instead of keeping them
 
 
 @dataclass
@@ -527,7 +529,7 @@ def _validate_serve(serve: ServeConfig) -> None:
 
 
 def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfig) -> None:
-    for key in ("iterations", "group_size", "groups_per_batch", "ppo_epochs", "mini_batch_size", "micro_batch_size", "checkpoint_every", "plateau_patience"):
+    for key in ("iterations", "group_size", "groups_per_batch", "ppo_epochs", "mini_batch_size", "max_tokens_per_micro_batch", "checkpoint_every", "plateau_patience"):
         _require(getattr(grpo, key) >= 1, f"grpo.{key} must be >= 1, got {getattr(grpo, key)}")
     _require(grpo.group_size >= 2, f"grpo.group_size must be >= 2 (advantages compare rollouts of one seed), got {grpo.group_size}")
     _require(grpo.advantage in ("std", "mean"), f"grpo.advantage={grpo.advantage!r} is not one of std, mean")

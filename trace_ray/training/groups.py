@@ -25,6 +25,7 @@ class TrainingRow:
     action_mask: list[int]
     logprobs: list[float]
     advantage: float
+    group: int = -1  # its group's index in the iteration (rows of a group share their prompt); -1: none
 
 
 @dataclass
@@ -81,7 +82,7 @@ def training_rows(
             ids, mask, logprobs = truncate(record.token_ids, record.action_mask, record.logprobs, max_tokens)
             if sum(mask) == 0:
                 continue  # nothing the agent generated survives (e.g. it hit the context limit at once)
-            rows.append(TrainingRow(list(ids), list(mask), list(logprobs), float(advantages[g, k])))
+            rows.append(TrainingRow(list(ids), list(mask), list(logprobs), float(advantages[g, k]), g))
     return rows
 
 

@@ -1,11 +1,8 @@
-"""The GRPO math, pure torch (no Ray, no I/O): group advantages, batch padding,
-token log-probs, the clipped surrogate, the KL penalty, entropy, minibatches.
+"""The GRPO math, pure torch (no Ray, no I/O): group advantages, minibatches, the clipped surrogate, the KL penalty.
 
-Alignment convention used throughout: for a padded batch of token ids
-``input_ids [B, T]`` every per-token quantity has shape ``[B, T-1]`` and
-position ``t`` refers to token ``t+1`` -- the token predicted by the logits at
-position ``t``. ``pad_batch`` shifts the record's action mask and behavior
-log-probs accordingly, ``token_logprobs`` returns log-probs in the same frame.
+The losses take per-trajectory tensors ``[B, A]`` of action-token quantities
+(new and behavior log-probs, an action mask of 1 for the row's action tokens
+and 0 for padding); ``action_logprobs.py`` computes the new log-probs.
 
 "Old" log-probs are the behavior log-probs the sampler recorded (not a
 recomputation with the current weights, which would make the ratio 1 and the
@@ -13,9 +10,6 @@ clipping a no-op).
 """
 
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 import torch
 
@@ -73,76 +67,6 @@ def group_advantages(
 # --------------------------------------------------------------------------- batching
 
 
-@dataclass
-class PaddedBatch:
-    input_ids: torch.Tensor  # [B, T] long, right-padded with pad_id
-    attention_mask: torch.Tensor  # [B, T] long
-    action_mask: torch.Tensor  # [B, T-1] float: 1 where token t+1 is an action token
-    old_logprobs: torch.Tensor  # [B, T-1] float, aligned like action_mask
-    advantages: torch.Tensor  # [B] float
-
-
-def pad_batch(
-    token_ids: list[list[int]],
-    action_masks: list[list[int]],
-    logprobs: list[list[float]],
-    advantages: list[float],
-    pad_id: int,
-) -> PaddedBatch:
-    """Right-pad token records into a batch aligned with next-token log-probs.
-
-    Row b's action mask / behavior log-probs are shifted by one: position t of
-    ``action_mask`` and ``old_logprobs`` describes token ``t+1`` (the token the
-    logits at t predict). Padding positions have mask 0 and log-prob 0. A record's
-    first token can never be predicted, so it must not be an action (ValueError).
-    """
-    rows = len(token_ids)
-    if rows == 0:
-        raise ValueError("empty batch")
-    if not (len(action_masks) == len(logprobs) == len(advantages) == rows):
-        raise ValueError(
-            f"{rows} token rows but {len(action_masks)} action masks, "
-            f"{len(logprobs)} log-prob rows and {len(advantages)} advantages"
-        )
-    for b in range(rows):
-        n = len(token_ids[b])
-        if n == 0:
-            raise ValueError(f"row {b}: no tokens")
-        if len(action_masks[b]) != n or len(logprobs[b]) != n:
-            raise ValueError(
-                f"row {b}: {n} tokens but {len(action_masks[b])} mask entries and {len(logprobs[b])} log-probs"
-            )
-        if any(m not in (0, 1) for m in action_masks[b]):
-            raise ValueError(f"row {b}: action mask entries must be 0 or 1")
-        if action_masks[b][0] == 1:
-            raise ValueError(f"row {b}: the first token is an action but nothing predicts it")
-        if any(m == 1 and not math.isfinite(lp) for m, lp in zip(action_masks[b], logprobs[b])):
-            raise ValueError(f"row {b}: non-finite behavior log-prob on an action token")
-        if not math.isfinite(advantages[b]):
-            raise ValueError(f"row {b}: non-finite advantage {advantages[b]}")
-
-    width = max(len(ids) for ids in token_ids)
-    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((rows, width), dtype=torch.long)
-    action_mask = torch.zeros((rows, width - 1), dtype=torch.float32)
-    old_logprobs = torch.zeros((rows, width - 1), dtype=torch.float32)
-    for b in range(rows):
-        n = len(token_ids[b])
-        input_ids[b, :n] = torch.tensor(token_ids[b], dtype=torch.long)
-        attention_mask[b, :n] = 1
-        if n > 1:
-            mask = torch.tensor(action_masks[b][1:], dtype=torch.float32)
-            action_mask[b, : n - 1] = mask
-            old_logprobs[b, : n - 1] = torch.tensor(logprobs[b][1:], dtype=torch.float32) * mask
-    return PaddedBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        action_mask=action_mask,
-        old_logprobs=old_logprobs,
-        advantages=torch.tensor(advantages, dtype=torch.float32),
-    )
-
-
 def minibatches(n: int, size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """Shuffled index batches of at most ``size`` covering 0..n-1 exactly once."""
     if n < 0:
@@ -153,66 +77,12 @@ def minibatches(n: int, size: int, generator: torch.Generator) -> list[torch.Ten
     return [order[i : i + size] for i in range(0, n, size)]
 
 
-# --------------------------------------------------------------------------- log-probs
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``[B, T, V]`` logits -> ``[B, T-1]`` ``log p(input_ids[:, t+1] | ..t)``.
-
-    The distribution is ``softmax(logits / temperature)``. The importance ratio is
-    ``pi_new / pi_old`` with pi_old the *sampling* distribution, so the temperature
-    here must be the one the sampler used (and the sampler's log-probs must be those
-    of the temperature-scaled distribution, before any top-k/top-p truncation is
-    assumed away); otherwise the ratio is not 1 at the start of an update and clipping
-    acts on a mismatch rather than on policy movement.
-
-    Memory: computed row by row in float32 (``gather - logsumexp``), so the extra
-    memory is one ``[T, V]`` float32 slice rather than a full ``[B, T, V]`` copy.
-    """
-    if logits.dim() != 3 or input_ids.dim() != 2 or logits.shape[:2] != input_ids.shape:
-        raise ValueError(f"logits [B, T, V] and input_ids [B, T] expected, got {tuple(logits.shape)} and {tuple(input_ids.shape)}")
-    if not (temperature > 0.0):
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    rows = []
-    for b in range(logits.shape[0]):
-        x = logits[b, :-1].float()
-        if temperature != 1.0:
-            x = x / temperature
-        targets = input_ids[b, 1:].long().unsqueeze(-1)
-        rows.append(x.gather(-1, targets).squeeze(-1) - torch.logsumexp(x, dim=-1))
-    return torch.stack(rows, dim=0)
-
-
-@torch.no_grad()
-def entropy_from_logits(logits: torch.Tensor, action_mask: torch.Tensor, temperature: float = 1.0) -> float:
-    """Mean token entropy (nats) of ``softmax(logits / temperature)`` over action positions.
-
-    ``logits [B, T, V]``: position t predicts token t+1, so ``logits[:, :-1]`` lines
-    up with ``action_mask [B, T-1]``. Token mean over all action positions of the
-    batch; 0.0 when there are none. Diagnostic only (no gradient).
-    """
-    if logits.dim() != 3 or action_mask.shape != (logits.shape[0], logits.shape[1] - 1):
-        raise ValueError(f"logits [B, T, V] and action_mask [B, T-1] expected, got {tuple(logits.shape)} and {tuple(action_mask.shape)}")
-    if not (temperature > 0.0):
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    total, count = 0.0, 0
-    for b in range(logits.shape[0]):
-        keep = action_mask[b] > 0
-        if not keep.any():
-            continue
-        x = logits[b, :-1][keep].float() / temperature
-        logp = torch.log_softmax(x, dim=-1)
-        total += float(-(logp.exp() * logp).sum())
-        count += int(keep.sum())
-    return total / count if count else 0.0
-
-
 # --------------------------------------------------------------------------- losses
 
 
 def _check_token_shapes(name: str, action_mask: torch.Tensor, **tensors: torch.Tensor) -> None:
     if action_mask.dim() != 2:
-        raise ValueError(f"{name}: action_mask must be [B, T-1], got {tuple(action_mask.shape)}")
+        raise ValueError(f"{name}: action_mask must be [B, A], got {tuple(action_mask.shape)}")
     for key, t in tensors.items():
         if t.shape != action_mask.shape:
             raise ValueError(f"{name}: {key} has shape {tuple(t.shape)}, action_mask {tuple(action_mask.shape)}")
@@ -249,7 +119,7 @@ def policy_loss(
     then mean over trajectories (rows without action tokens are skipped), so a short
     and a long trajectory weigh the same.
 
-    Shapes: ``new/old_logprobs, action_mask [B, T-1]``, ``advantages [B]``.
+    Shapes: ``new/old_logprobs, action_mask [B, A]``, ``advantages [B]``.
     Positions with mask 0 take no part: their log-ratio is replaced by 0 before
     ``exp`` (no overflow, zero gradient). Action-token log-ratios are clamped to
     +-``LOG_RATIO_LIMIT``.

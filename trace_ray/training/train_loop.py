@@ -12,7 +12,9 @@ Per iteration:
    are all-reduced by DDP (gloo on CPU, NCCL on GPU);
 3. ``grpo.ppo_epochs`` passes of ``grpo.mini_batch_size`` trajectories per
    step: the clipped surrogate against the behavior log-probs recorded at
-   sampling (plus the optional KL to the base, the adapter disabled);
+   sampling (plus the optional KL to the base, the adapter disabled), on
+   log-probs of the action tokens only, each group's shared prompt encoded
+   once per micro-batch (``action_logprobs.py``);
 4. rank 0 publishes the new adapter version to every rollout worker and
    verifies it (``weight_sync.py``); a checkpoint is reported every
    ``grpo.checkpoint_every`` iterations; training stops early on a reward
@@ -35,7 +37,8 @@ from typing import Any
 import torch
 
 from trace_ray.config import EnvConfig, GRPOConfig, TraceConfig
-from trace_ray.training.grpo import entropy_from_logits, kl_penalty, minibatches, pad_batch, policy_loss, token_logprobs
+from trace_ray.training.action_logprobs import ActionLogprobs, ScoredRow, forward_cost, pack_micro_batches
+from trace_ray.training.grpo import kl_penalty, minibatches, policy_loss
 from trace_ray.training.groups import GroupSummary, TrainingRow, shard_rows, summarize_groups, training_rows
 from trace_ray.training.lora_model import (
     adapter_weights, export_adapter, load_adapter_weights, lora_parameters, peft_settings, trainable_model,
@@ -134,58 +137,72 @@ def broadcast(value: Any, rank: int, world_size: int) -> Any:
 
 
 # -- every rank: the update -----------------------------------------------------------------------
-def update(model, policy, optimizer, rows: list[TrainingRow], config: TraceConfig, generator: torch.Generator, pad_id: int) -> dict[str, float]:
+def scored_row(row: TrainingRow) -> ScoredRow:
+    actions = [position for position, flag in enumerate(row.action_mask) if flag]
+    if actions and actions[0] == 0:
+        raise ValueError("a trajectory's first token is an action, but nothing predicts it")
+    return ScoredRow(row.token_ids, actions, row.group)
+
+
+def per_row(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Flat per-action values -> ``[rows, most actions]``, zero-padded (the layout of the GRPO losses' action mask)."""
+    return torch.nn.utils.rnn.pad_sequence(list(torch.split(values, counts)), batch_first=True)
+
+
+def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConfig, generator: torch.Generator) -> dict[str, float]:
     """``grpo.ppo_epochs`` passes over ``rows``, one optimizer step per minibatch.
 
-    A minibatch runs forward and backward in micro-batches of
-    ``grpo.micro_batch_size`` padded trajectories (memory holds one
-    micro-batch's logits); each micro-batch's loss, a mean over its
-    trajectories, is weighted by its share of the minibatch, so the gradient
-    is that of the mean over the minibatch's trajectories the loss defines.
-    DDP all-reduces the gradients on the minibatch's last backward only.
+    A minibatch's rows, members of a group side by side, are packed into
+    micro-batches of at most ``grpo.max_tokens_per_micro_batch`` forward
+    tokens; ``scorer`` (:class:`ActionLogprobs`, DDP-wrapped on several ranks)
+    gives each micro-batch's action log-probs, each group's shared prompt
+    encoded once (``grpo.shared_prefix``). Each micro-batch's loss, a mean
+    over its trajectories, is weighted by its share of the minibatch, so the
+    gradient is that of the mean over the minibatch's trajectories. DDP
+    all-reduces the gradients on the minibatch's last backward only.
     """
     grpo = config.grpo
-    device = next(policy.parameters()).device
     parameters = lora_parameters(policy)
     totals: dict[str, float] = {"clip_fraction": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl_to_base": 0.0, "loss": 0.0, "grad_norm": 0.0}
-    rows_seen, steps, tokens = 0, 0, 0
+    rows_seen, steps, tokens, forward_tokens = 0, 0, 0, 0
     for _ in range(grpo.ppo_epochs):
         for indices in minibatches(len(rows), grpo.mini_batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
-            chosen = [rows[i] for i in indices.tolist()]
-            chunks = [chosen[i: i + grpo.micro_batch_size] for i in range(0, len(chosen), grpo.micro_batch_size)]
-            for position, chunk in enumerate(chunks):
-                batch = pad_batch(
-                    [r.token_ids for r in chunk], [r.action_mask for r in chunk], [r.logprobs for r in chunk],
-                    [r.advantage for r in chunk], pad_id,
-                )
-                input_ids, attention = batch.input_ids.to(device), batch.attention_mask.to(device)
-                mask, old = batch.action_mask.to(device), batch.old_logprobs.to(device)
-                last = position == len(chunks) - 1
-                sync_context = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
-                share = len(chunk) / len(chosen)
+            chosen = sorted((rows[i] for i in indices.tolist()), key=lambda row: row.group)
+            scored = [scored_row(row) for row in chosen]
+            packs = pack_micro_batches(scored, grpo.max_tokens_per_micro_batch, grpo.shared_prefix)
+            for position, pack in enumerate(packs):
+                part, part_rows = [scored[i] for i in pack], [chosen[i] for i in pack]
+                counts = [len(row.actions) for row in part]
+                last = position == len(packs) - 1
+                sync_context = scorer.no_sync() if hasattr(scorer, "no_sync") and not last else contextlib.nullcontext()
+                share = len(part) / len(chosen)
                 with sync_context:
-                    logits = model(input_ids=input_ids, attention_mask=attention).logits
-                    new = token_logprobs(logits, input_ids, grpo.temperature)
-                    loss, stats = policy_loss(new, old, batch.advantages.to(device), mask, grpo.clip_eps, grpo.clip_eps_high)
+                    new, entropy = scorer(part, shared_prefix=grpo.shared_prefix)
+                    old = torch.tensor([row.logprobs[t] for row, s in zip(part_rows, part) for t in s.actions], device=new.device)
+                    mask = per_row(torch.ones_like(new), counts)
+                    advantages = torch.tensor([row.advantage for row in part_rows], device=new.device)
+                    new_rows = per_row(new, counts)
+                    loss, stats = policy_loss(new_rows, per_row(old, counts), advantages, mask, grpo.clip_eps, grpo.clip_eps_high)
                     if grpo.kl_coef > 0:
-                        with torch.no_grad(), policy.disable_adapter():
-                            base = token_logprobs(policy(input_ids=input_ids, attention_mask=attention).logits, input_ids, grpo.temperature)
-                        kl = kl_penalty(new, base, mask)
+                        with torch.no_grad():
+                            base = scorer(part, shared_prefix=grpo.shared_prefix, reference=True)[0]
+                        kl = kl_penalty(new_rows, per_row(base, counts), mask)
                         loss = loss + grpo.kl_coef * kl
-                        totals["kl_to_base"] += float(kl.detach()) * len(chunk)
+                        totals["kl_to_base"] += float(kl.detach()) * len(part)
                     (loss * share).backward()
-                totals["clip_fraction"] += stats["clip_fraction"] * len(chunk)
-                totals["approx_kl"] += stats["approx_kl"] * len(chunk)
-                totals["entropy"] += entropy_from_logits(logits.detach(), mask, grpo.temperature) * len(chunk)
-                totals["loss"] += float(loss.detach()) * len(chunk)
-                rows_seen += len(chunk)
-                tokens += int(mask.sum())
+                totals["clip_fraction"] += stats["clip_fraction"] * len(part)
+                totals["approx_kl"] += stats["approx_kl"] * len(part)
+                totals["entropy"] += float(entropy.mean()) * len(part) if entropy.numel() else 0.0
+                totals["loss"] += float(loss.detach()) * len(part)
+                rows_seen += len(part)
+                tokens += int(sum(counts))
+                forward_tokens += forward_cost(part, grpo.shared_prefix)
             totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(parameters, grpo.max_grad_norm))
             optimizer.step()
             steps += 1
     metrics = {key: value / max(1, rows_seen) for key, value in totals.items() if key != "grad_norm"}
-    metrics.update(grad_norm=totals["grad_norm"] / max(1, steps), optimizer_steps=steps, trained_tokens=tokens)
+    metrics.update(grad_norm=totals["grad_norm"] / max(1, steps), optimizer_steps=steps, trained_tokens=tokens, forward_tokens=forward_tokens)
     return metrics
 
 
@@ -251,9 +268,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # update may use the machine's cores (Ray would pin a fractional-CPU worker to one thread)
     torch.set_num_threads(config.trainer.torch_threads or max(1, (os.cpu_count() or 1) // world_size))
 
-    policy, tokenizer = trainable_model(config.model, config.lora, config.seed)
+    policy, _ = trainable_model(config.model, config.lora, config.seed)
     policy.to(ray.train.torch.get_device())
-    model = ray.train.torch.prepare_model(policy) if world_size > 1 else policy
+    scorer = ActionLogprobs(policy, grpo.temperature, config.trainer.gradient_checkpointing)
+    scorer = ray.train.torch.prepare_model(scorer) if world_size > 1 else scorer
     optimizer = torch.optim.AdamW(lora_parameters(policy), lr=grpo.lr, weight_decay=grpo.weight_decay)
     state = TrainState()
     checkpoint = ray.train.get_checkpoint()
@@ -282,7 +300,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if payload["rows"]:
             generator = torch.Generator().manual_seed(config.seed * 1_000_003 + iteration)
             shard = shard_rows(payload["rows"], world_size, rank)
-            metrics.update(update(model, policy, optimizer, shard, config, generator, tokenizer.pad_token_id))
+            metrics.update(update(scorer, policy, optimizer, shard, config, generator))
             metrics["replica_max_diff"] = replica_difference(policy, world_size)
         metrics["update_s"] = time.perf_counter() - started
         state.iteration = iteration

@@ -93,6 +93,25 @@ def test_adapters_by_name_and_version(engine, smollm2_network):
     assert engine.adapters() == {} and not engine.llm.list_loras()  # every retired id left vLLM
 
 
+def test_a_new_adapter_version_never_reuses_cache_blocks_of_the_old_one(engine, smollm2_network):
+    """A prompt of several cache blocks, generated with version 1, then with version 2 under the same adapter name:
+    version 2's log-probs are its own weights' (blocks computed with version 1 would give version 1's)."""
+    weights_1, model_1 = smollm2_adapter(smollm2_network, 11)
+    weights_2, model_2 = smollm2_adapter(smollm2_network, 12)
+    prompt = prompts_for(engine.tokenizer, ["Turn on wifi, then text Ann that I am late. " * 40])[0]
+    assert len(prompt) > 400  # several blocks of vLLM's prefix cache
+    greedy = SamplingParams(0.0, 1.0, 8)
+    engine.load_adapter("versions", 1, weights_1, LORA)
+    [first] = engine.generate([prompt], greedy, [("versions", 1)])
+    assert torch.allclose(torch.tensor(first.logprobs), forward_logprobs(model_1, prompt, first.token_ids, 1.0), atol=2e-3)
+    engine.load_adapter("versions", 2, weights_2, LORA)
+    [second] = engine.generate([prompt], greedy, [("versions", 2)])
+    expected = forward_logprobs(model_2, prompt, second.token_ids, 1.0)
+    assert torch.allclose(torch.tensor(second.logprobs), expected, atol=2e-3)
+    assert not torch.allclose(expected, forward_logprobs(model_1, prompt, second.token_ids, 1.0), atol=2e-3)  # the versions differ
+    engine.unload_adapter("versions")
+
+
 def test_episodes_through_the_rollout_loop_have_exact_records(engine, smollm2_network):
     tasks = [EpisodeTask(f"device-{seed}", seed) for seed in (0, 1, 2)]
     prompt = AgentPrompt(engine.tokenizer)

@@ -29,6 +29,12 @@ from trace_ray.engines.engine_loop import LoopedEngine, Request
 from trace_ray.engines.hf import end_of_turn_ids
 
 
+def versioned_name(name: str, version: int) -> str:
+    """The LoRA name vLLM sees: one per version, since vLLM keys prefix-cache blocks by LoRA name (so blocks computed
+    with version v would serve version v + 1 under one name)."""
+    return f"{name}@v{version}"
+
+
 @dataclass
 class _Adapter:
     version: int
@@ -73,7 +79,7 @@ class VLLMEngine(LoopedEngine):
         save_file({key: tensor.detach().cpu().contiguous() for key, tensor in weights.items()}, folder / "adapter_model.safetensors")
         (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "bias": "none", **lora_config}))
         try:
-            self.llm.add_lora(LoRARequest(name, lora_id, str(folder)))
+            self.llm.add_lora(LoRARequest(versioned_name(name, version), lora_id, str(folder)))
         except Exception as exc:
             shutil.rmtree(folder, ignore_errors=True)
             raise ValueError(f"vLLM refused adapter {name!r}: {str(exc).splitlines()[0]}") from None
@@ -101,7 +107,7 @@ class VLLMEngine(LoopedEngine):
         if adapter is None:
             return None
         loaded = self._adapters[adapter[0]]
-        return LoRARequest(adapter[0], loaded.lora_id, str(loaded.folder))
+        return LoRARequest(versioned_name(adapter[0], loaded.version), loaded.lora_id, str(loaded.folder))
 
     # -- the engine core (run by the engine loop) --------------------------------------
     @property

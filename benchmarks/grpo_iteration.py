@@ -13,8 +13,10 @@ no KL (beta 0) and the same reward function:
          trains the ``trainable_model`` PEFT policy, one minibatch of G*K
          trajectories (update s); ``engine.load_adapter`` takes the new weights
          (sync s). Groups with equal rewards are dropped, as in training.
-  (TRL)  ``trl.GRPOTrainer``: per_device_train_batch_size = G*K, num_generations
-         = K, max_completion_length = the token budget, loss_type "grpo" (token
+  (TRL)  ``trl.GRPOTrainer``: G*K completions generated at once, trained in
+         micro-batches of ``--trl-micro-batch`` with gradient accumulation to one
+         optimizer step (default: all at once; 4 on the device workload),
+         num_generations = K, max_completion_length = the token budget, loss_type "grpo" (token
          mean per completion, then mean over completions, like ours), no
          gradient checkpointing, fp32. Its step is timed by a callback; the part
          spent in ``_generate_and_score_completions`` (generation, rewards,
@@ -200,7 +202,7 @@ def run_ours(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: 
 
 
 # -- TRL -----------------------------------------------------------------------------------------
-def trl_settings(config: TraceConfig, iterations: int, output_dir: str):
+def trl_settings(config: TraceConfig, iterations: int, output_dir: str, micro_batch: int):
     """GRPOConfig (trl 1.16) matching ours: one optimizer step on G*K completions per iteration."""
     from trl import GRPOConfig
 
@@ -209,7 +211,7 @@ def trl_settings(config: TraceConfig, iterations: int, output_dir: str):
         output_dir=output_dir,
         use_cpu=True, bf16=False, fp16=False,  # bf16 defaults to True in TRL's configs
         gradient_checkpointing=False,  # TRL's default is True; ours does not checkpoint
-        per_device_train_batch_size=grpo.groups_per_batch * grpo.group_size, gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=grpo.groups_per_batch * grpo.group_size // micro_batch,
         num_generations=grpo.group_size, max_completion_length=config.model.sampling.max_new_tokens,
         temperature=grpo.temperature, top_p=1.0, top_k=0,
         learning_rate=grpo.lr, lr_scheduler_type="constant", weight_decay=grpo.weight_decay, max_grad_norm=grpo.max_grad_norm,
@@ -225,7 +227,7 @@ def completion_text(completion) -> str:
     return completion if isinstance(completion, str) else "".join(message.get("content") or "" for message in completion)
 
 
-def run_trl(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: str) -> list[IterationTimes]:
+def run_trl(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: str, micro_batch: int) -> list[IterationTimes]:
     """Warm-up plus ``iterations`` GRPOTrainer steps; the timed ones."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -255,7 +257,7 @@ def run_trl(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: s
 
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as output_dir:
         trainer = GRPOTrainer(
-            model=model, reward_funcs=bench_reward, args=trl_settings(config, iterations, output_dir), train_dataset=dataset,
+            model=model, reward_funcs=bench_reward, args=trl_settings(config, iterations, output_dir, micro_batch), train_dataset=dataset,
             processing_class=tokenizer, peft_config=LoraConfig(**peft_settings(config.lora)), callbacks=[StepTimer()],
         )
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics even with logging off
@@ -286,11 +288,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: grpo.lr of conf/grpo)")
     parser.add_argument("--reward", default="length", choices=["length", "parity", "tool"])
+    parser.add_argument("--trl-micro-batch", type=int, default=None,
+                        help="completions per TRL forward/backward (gradient accumulation to one step; default: all at once, "
+                             "4 on the device workload, whose 32 x 860-token batch does not fit 24 GiB at once)")
     args = parser.parse_args(argv)
+    if args.trl_micro_batch is None:
+        args.trl_micro_batch = 4 if args.workload == "device" else args.groups * args.group_size
     if args.group_size < 2:
         parser.error("--group-size must be at least 2 (GRPO needs two completions per prompt)")
     if min(args.groups, args.max_new_tokens, args.iterations, args.lora_rank) < 1:
         parser.error("--groups, --max-new-tokens, --iterations and --lora-rank must be at least 1")
+    if args.trl_micro_batch < 1 or (args.groups * args.group_size) % args.trl_micro_batch:
+        parser.error("--trl-micro-batch must divide --groups x --group-size")
     return args
 
 
@@ -333,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ours = IterationTimes.mean(run_ours(config, prompts, args.iterations, args.reward))
     gc.collect()
-    theirs = IterationTimes.mean(run_trl(config, prompts, args.iterations, args.reward))
+    theirs = IterationTimes.mean(run_trl(config, prompts, args.iterations, args.reward, args.trl_micro_batch))
     print("ours = HF engine + training_rows + update() + engine.load_adapter; TRL = GRPOTrainer (generate, score, step)")
     print_table(
         f"one GRPO iteration (mean of {args.iterations}): {grpo.groups_per_batch}x{grpo.group_size} completions, "

@@ -17,8 +17,9 @@ every projection, float32, CPU:
 
 Memory: the process's peak resident set during the update (``VmHWM`` after
 ``/proc/self/clear_refs``) minus its resident set just before it (model,
-optimizer and rows already in memory). Prints a table and each path's ratio
-to the old one (target: new <= 0.4x at 8k tokens).
+optimizer and rows already in memory); a path the kernel kills for memory is
+shown as OOM. Prints a table and each path's ratio to the old one (target:
+new <= 0.4x at 8k tokens).
 
     python benchmarks/update_memory.py [--lengths 2048 4096 8192] [--members 2] [--reply-tokens 64] [--model smollm2_135m]
 """
@@ -128,15 +129,21 @@ def main(argv: list[str] | None = None) -> None:
             child = [sys.executable, __file__, "--measure", path, str(length), "--members", str(args.members),
                      "--reply-tokens", str(args.reply_tokens), "--model", args.model]
             done = subprocess.run(child, capture_output=True, text=True)
+            if done.returncode in (-9, 137):  # the kernel's out-of-memory killer
+                results[(length, path)] = None
+                print(f"  {length} tokens, {path}: killed, out of memory", flush=True)
+                continue
             if done.returncode != 0:
-                sys.exit(f"update_memory: {path} at {length} tokens failed: {done.stderr.strip().splitlines()[-1]}")
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                sys.exit(f"update_memory: {path} at {length} tokens failed (exit {done.returncode}): {last}")
             results[(length, path)] = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"  {length} tokens, {path}: {results[(length, path)]['peak_mib']:.0f} MiB, {results[(length, path)]['seconds']:.1f} s", flush=True)
-        old = results[(length, "old")]
+        measured = [results[(length, path)] for path in PATHS]
+        old = measured[0]
         rows.append((
-            str(length), *(f"{results[(length, path)]['peak_mib']:.0f}" for path in PATHS),
-            *(f"{results[(length, path)]['peak_mib'] / old['peak_mib']:.2f}x" for path in PATHS[1:]),
-            *(f"{results[(length, path)]['seconds']:.1f}" for path in PATHS),
+            str(length), *(f"{found['peak_mib']:.0f}" if found else "OOM" for found in measured),
+            *(f"{found['peak_mib'] / old['peak_mib']:.2f}x" if found and old else "-" for found in measured[1:]),
+            *(f"{found['seconds']:.1f}" if found else "-" for found in measured),
         ))
     print_table(
         "peak memory of one update (MiB above the resident set before it) and its seconds",
@@ -144,8 +151,12 @@ def main(argv: list[str] | None = None) -> None:
         rows,
     )
     longest = max(args.lengths)
-    ratio = results[(longest, "new")]["peak_mib"] / results[(longest, "old")]["peak_mib"]
-    print(f"target at {longest} tokens: new <= 0.4x old: {'met' if ratio <= 0.4 else 'NOT met'} ({ratio:.2f}x)")
+    old, new = results[(longest, "old")], results[(longest, "new")]
+    if old and new:
+        ratio = new["peak_mib"] / old["peak_mib"]
+        print(f"target at {longest} tokens: new <= 0.4x old: {'met' if ratio <= 0.4 else 'NOT met'} ({ratio:.2f}x)")
+    else:
+        print(f"at {longest} tokens: old {'out of memory' if not old else 'ran'}, new {'out of memory' if not new else 'ran'}: no ratio")
 
 
 if __name__ == "__main__":

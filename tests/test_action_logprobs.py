@@ -99,11 +99,21 @@ def test_shared_prefix_equals_whole_sequences_with_gradients(tiny_policy, case):
     assert max(gradient.abs().max() for gradient in expected_grads) > 1e-3  # the gradients compared are not all zero
 
 
-def test_gradient_checkpointing_gives_the_same_log_probs_and_gradients(tiny_policy):
+def test_gradient_checkpointing_recomputes_layers_and_gives_the_same_log_probs_and_gradients(tiny_policy):
     rows = cases()["two groups and a lone row"]
     kept, kept_grads = with_gradients(tiny_policy, lambda: ActionLogprobs(tiny_policy, TEMPERATURE)(rows)[0])
-    recomputed, grads = with_gradients(tiny_policy, lambda: ActionLogprobs(tiny_policy, TEMPERATURE, gradient_checkpointing=True)(rows)[0])
-    assert torch.equal(kept, recomputed)
+    policy = policy_of("tiny_random")  # its own copy: checkpointing stays enabled on the model
+    scorer = ActionLogprobs(policy, TEMPERATURE, gradient_checkpointing=True)
+    calls = []
+    hook = scorer.decoder.layers[0].register_forward_pre_hook(lambda module, inputs: calls.append(1))  # a replay may stop early
+    try:
+        recomputed, grads = with_gradients(policy, lambda: scorer(rows)[0])
+    finally:
+        hook.remove()
+    # two groups (a prefix run and a members' run each) and the lone row's plain run: 5 forwards of the first layer,
+    # each replayed once in backward
+    assert len(calls) == 2 * 5
+    assert torch.allclose(kept, recomputed, atol=1e-6, rtol=0)
     for mine, theirs in zip(grads, kept_grads):
         assert torch.allclose(mine, theirs, atol=1e-6, rtol=0)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
 
 CHUNK_TOKENS = 512  # action positions per lm_head + log-softmax chunk
 
@@ -121,12 +122,40 @@ def _entropy(lm_head: torch.nn.Module, hidden: torch.Tensor, temperature: float)
     return -(logp.exp() * logp).sum(-1)
 
 
+class PrefixRecorder(DynamicCache):
+    """The prefix pass's cache: keeps each layer's keys and values as computed. A gradient-checkpointing replay of a
+    layer computes them again and overwrites them with equal ones, where an appending cache would double them."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        if not layer.is_initialized:
+            layer.lazy_initialization(key_states, value_states)
+        layer.keys, layer.values = key_states, value_states
+        return key_states, value_states
+
+
+class SharedPrefix(DynamicCache):
+    """The members' pass's cache: the prefix's keys and values, one copy per member, read and never appended to
+    (a replay reads the same)."""
+
+    def __init__(self, config, recorded: PrefixRecorder, members: int):
+        super().__init__(config=config)
+        for layer, source in zip(self.layers, recorded.layers):
+            layer.lazy_initialization(source.keys, source.values)
+            layer.keys = source.keys.repeat_interleave(members, dim=0)
+            layer.values = source.values.repeat_interleave(members, dim=0)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+
+
 class ActionLogprobs(torch.nn.Module):
     """``forward(rows, shared_prefix, reference)`` -> (log-probs, entropies), each flat over the rows' action tokens in order.
 
-    ``gradient_checkpointing``: each prefix group's forward is recomputed in the backward pass, so memory keeps the
-    hidden states at its action positions instead of every layer's activations (the group's network run is the unit:
-    a layer-wise checkpoint would re-append to the prefix's key-value cache when recomputing).
+    ``gradient_checkpointing``: every decoder layer's activations are recomputed in the backward pass instead of
+    kept (transformers' layer checkpointing; the prefix's key-value caches here are replay-safe, see
+    :class:`PrefixRecorder` and :class:`SharedPrefix`).
     """
 
     def __init__(self, policy: torch.nn.Module, temperature: float, gradient_checkpointing: bool = False):
@@ -135,10 +164,13 @@ class ActionLogprobs(torch.nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.policy = policy
         self.temperature = temperature
-        self.gradient_checkpointing = gradient_checkpointing
         causal_lm = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
         self.decoder = causal_lm.get_decoder()
         self.lm_head = causal_lm.get_output_embeddings()
+        if gradient_checkpointing:
+            causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            for layer in self.decoder.layers:
+                layer._can_checkpoint_with_cache = True  # our caches are replay-safe
 
     def forward(self, rows: list[ScoredRow], shared_prefix: bool = True, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         if reference:
@@ -150,12 +182,8 @@ class ActionLogprobs(torch.nn.Module):
         device = self.lm_head.weight.device
         pieces: dict[int, torch.Tensor] = {}
         for group in prefix_groups(rows, shared_prefix):
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                hidden = checkpoint(self._hidden_at_actions, group, rows, device, use_reentrant=False)
-            else:
-                hidden = self._hidden_at_actions(group, rows, device)
             counts = [len(rows[index].actions) for index in group.rows]
-            pieces.update(zip(group.rows, torch.split(hidden, counts)))
+            pieces.update(zip(group.rows, torch.split(self._hidden_at_actions(group, rows, device), counts)))
         hidden = torch.cat([pieces[index] for index in range(len(rows))])
         targets = torch.tensor([row.token_ids[position] for row in rows for position in row.actions], dtype=torch.long, device=device)
         logprobs, entropies = [], []
@@ -173,8 +201,6 @@ class ActionLogprobs(torch.nn.Module):
 
     def _hidden_at_actions(self, group: PrefixGroup, rows: list[ScoredRow], device: torch.device) -> torch.Tensor:
         """The hidden states that predict the group's action tokens (position t - 1 for action t), row after row: ``[actions, H]``."""
-        from transformers import DynamicCache
-
         prefix = group.prefix
         members = [rows[index] for index in group.rows]
         width = max(len(row.token_ids) for row in members) - prefix
@@ -187,12 +213,12 @@ class ActionLogprobs(torch.nn.Module):
             mask[slot, prefix: prefix + len(rest)] = 1
         positions = torch.arange(prefix, prefix + width, device=device).expand(len(members), width)
         if prefix:
-            cache = DynamicCache(config=self.decoder.config)
+            recorder = PrefixRecorder(config=self.decoder.config)
             head = torch.tensor([members[0].token_ids[:prefix]], dtype=torch.long, device=device)
-            prefix_hidden = self.decoder(input_ids=head, past_key_values=cache, use_cache=True).last_hidden_state[0]
-            cache.batch_repeat_interleave(len(members))
+            prefix_hidden = self.decoder(input_ids=head, past_key_values=recorder, use_cache=True).last_hidden_state[0]
             rest_hidden = self.decoder(
-                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                input_ids=ids, attention_mask=mask, position_ids=positions,
+                past_key_values=SharedPrefix(self.decoder.config, recorder, len(members)), use_cache=True,
             ).last_hidden_state
         else:
             rest_hidden = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state

@@ -126,7 +126,7 @@ def test_the_router_picks_the_option_whose_label_wins(tiny_model, favoured_label
     token = dict(label_tokens(tokenizer, 3))[favoured_label]
     fake = FakeModel(len(tokenizer), token)
     fake.train()
-    router = LogitRouter(fake, tokenizer, OPTIONS, reuse_prefix=False)  # whole prompts: one call per decision
+    router = LogitRouter(fake, tokenizer, OPTIONS, reuse_prefix=False, calibration="none")  # whole prompts: one call per decision
     decision = router.route(observation("Remind me to call mum in two hours."))
     assert decision.choice == expected
     assert list(decision.scores) == ["datetime_reasoning", "error_recovery", BASE]
@@ -144,7 +144,7 @@ def test_the_router_picks_the_option_whose_label_wins(tiny_model, favoured_label
 def test_route_many_left_pads_and_sends_batches(tiny_model):
     _, tokenizer = tiny_model
     fake = FakeModel(len(tokenizer), dict(label_tokens(tokenizer, 3))["B"])
-    router = LogitRouter(fake, tokenizer, OPTIONS, batch_size=2, reuse_prefix=False)
+    router = LogitRouter(fake, tokenizer, OPTIONS, batch_size=2, reuse_prefix=False, calibration="none")
     decisions = router.route_many([observation("Hi."), observation("A much longer request " * 10), observation("x")])
     assert [d.choice for d in decisions] == ["error_recovery"] * 3
     assert [call["input_ids"].shape[0] for call in fake.calls] == [2, 1]
@@ -192,7 +192,7 @@ def test_the_prompt_needs_a_user_message():
 # -- the router with the tiny model -----------------------------------------------------------
 def test_route_with_the_tiny_model_scores_every_option(tiny_model):
     network, tokenizer = tiny_model
-    router = LogitRouter(network, tokenizer, OPTIONS)
+    router = LogitRouter(network, tokenizer, OPTIONS, calibration="none")
     task = observation("Remind me to water the plants in 3 hours.")
     decision = router.route(task)
     assert list(decision.scores) == ["datetime_reasoning", "error_recovery", BASE]
@@ -225,6 +225,48 @@ def test_route_many_equals_route_one_by_one(tiny_model):
 
 
 
+class BiasedModel(torch.nn.Module):
+    """Label logits with a bias toward C (base) whatever the prompt says (+3), and +2 for A when the request asks for a
+    reminder: the raw scores always pick base, the task's signal is only in the difference to the content-free ones."""
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.tokenizer, self.labels, self.requests = tokenizer, dict(label_tokens(tokenizer, 3)), []
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        logits = torch.zeros(*input_ids.shape, len(self.tokenizer))
+        for row, ids in enumerate(input_ids.tolist()):
+            request = self.tokenizer.decode(ids).split("User request: ")[-1].split("\n")[0]
+            self.requests.append(request)
+            logits[row, :, self.labels["C"]] = 3.0
+            logits[row, :, self.labels["A"]] = 2.0 if "remind" in request.lower() else 0.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_content_free_calibration_removes_the_bias_measured_once_per_policy(tiny_model):
+    _, tokenizer = tiny_model
+    model = BiasedModel(tokenizer)
+    raw = LogitRouter(model, tokenizer, OPTIONS, reuse_prefix=False, calibration="none")
+    calibrated = LogitRouter(model, tokenizer, OPTIONS, reuse_prefix=False)
+    reminder, other = observation("Remind me to call mum in two hours."), observation("Turn on wifi.")
+    assert [raw.route(task).choice for task in (reminder, other)] == [BASE, BASE]  # the bias wins every raw decision
+    model.requests.clear()
+    decisions = calibrated.route_many([reminder, other, observation("Remind me to stretch.")])
+    # content-free logits: A 0, B 0, C 3; a reminder's: A 2, B 0, C 3. Calibrated score = log-softmax(task) - log-softmax(free):
+    # the log-sum-exps cancel in differences, so A - C = (2 - 0) - (3 - 3) = 2 and B - C = 0 - 0 = 0
+    scores = decisions[0].scores
+    assert decisions[0].choice == "datetime_reasoning"
+    assert scores["datetime_reasoning"] - scores[BASE] == pytest.approx(2.0, abs=1e-5)
+    assert scores["error_recovery"] - scores[BASE] == pytest.approx(0.0, abs=1e-5)
+    assert decisions[1].choice == BASE and list(decisions[1].scores.values()) == pytest.approx([0.0] * 3, abs=1e-5)  # no signal: a tie
+    assert decisions[2].choice == "datetime_reasoning"
+    # the three content-free requests ran once for the policy the three tasks share, then each task once
+    assert sorted(model.requests) == sorted(["N/A", "", "[MASK]", *(task[1]["content"] for task in (reminder, other))] + ["Remind me to stretch."])
+    with pytest.raises(ValueError, match="calibration='platt' is not one of content_free, none"):
+        LogitRouter(model, tokenizer, OPTIONS, calibration="platt")
+
+
 class CountingModel(torch.nn.Module):
     """The model, recording each forward pass's new tokens and the cached tokens before them."""
 
@@ -248,8 +290,8 @@ TASKS = [
 def test_each_policy_head_runs_once_and_later_decisions_run_their_request_tokens_only(tiny_model):
     network, tokenizer = tiny_model
     counting = CountingModel(network)
-    router = LogitRouter(counting, tokenizer, OPTIONS)
-    whole = LogitRouter(network, tokenizer, OPTIONS, reuse_prefix=False)
+    router = LogitRouter(counting, tokenizer, OPTIONS, calibration="none")
+    whole = LogitRouter(network, tokenizer, OPTIONS, reuse_prefix=False, calibration="none")
     prompts = [router.prompt(task) for task in TASKS]
     assert [ids for ids, _ in prompts] == [whole.prompt_ids(task) for task in TASKS]  # the same tokens as without reuse
     assert whole.prompt(TASKS[0])[1] == 0  # no head without reuse
@@ -275,7 +317,7 @@ def test_the_router_keeps_the_last_heads_only(tiny_model, monkeypatch):
     network, tokenizer = tiny_model
     monkeypatch.setattr("trace_ray.routing.logit_router.PREFIX_CACHE_ENTRIES", 2)
     counting = CountingModel(network)
-    router = LogitRouter(counting, tokenizer, OPTIONS)
+    router = LogitRouter(counting, tokenizer, OPTIONS, calibration="none")
     policies = [observation("Hi.", policy=f"Policy number {i}.") for i in range(3)]
     for task in [policies[0], policies[1], policies[0], policies[2], policies[1]]:
         router.route(task)

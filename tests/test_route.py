@@ -12,6 +12,7 @@ from trace_ray.environment_setup import environment_maker
 from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.models import load_model
 from trace_ray.routing.adapters import trained_adapters
+from trace_ray.routing.logit_router import with_request
 from trace_ray.routing.routers import logit_router
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
@@ -19,17 +20,26 @@ TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
 
 def label_logits_by_hand(run_dir, seeds):
     """Per task seed, each option's label-token logit from one plain forward pass of the tiny model over the logit
-    router's prompt: no prefix cache, no batching, no ``decide``."""
+    router's prompt (no prefix cache, no batching, no ``decide``), and its contextually calibrated score: the log-softmax
+    over the options minus the log of their mean softmax over the three content-free requests under the same policy."""
     config = compose_config("route", [f"run_dir={run_dir}", *TINY])
     network, tokenizer = load_model(config.model)
     router = logit_router(config, network, tokenizer, trained_adapters(run_dir))
     env = environment_maker(config.env)()
-    logits = {}
+
+    def label_logits(observation):
+        last = network(torch.tensor([router.prompt_ids(observation)])).logits[0, -1]
+        return torch.tensor([last[token].item() for _, token in router.labels])
+
+    raw, calibrated = {}, {}
     with torch.no_grad():
         for seed in seeds:
-            last = network(torch.tensor([router.prompt_ids(list(env.reset(seed).messages))])).logits[0, -1]
-            logits[seed] = {name: last[token].item() for (_, token), name in zip(router.labels, router.names)}
-    return logits
+            observation = list(env.reset(seed).messages)
+            logits = label_logits(observation)
+            free = torch.stack([torch.softmax(label_logits(with_request(observation, text)), 0) for text in ("N/A", "", "[MASK]")])
+            raw[seed] = dict(zip(router.names, logits.tolist()))
+            calibrated[seed] = dict(zip(router.names, (torch.log_softmax(logits, 0) - free.mean(0).log()).tolist()))
+    return raw, calibrated
 
 
 def test_route_scores_every_router_against_oracle_labels(tmp_path):
@@ -38,12 +48,15 @@ def test_route_scores_every_router_against_oracle_labels(tmp_path):
     overrides = ["limit=3", "router.train_limit=4", "model.sampling.max_new_tokens=8"]
     assert main(["route", f"run_dir={tmp_path}", *TINY, *overrides]) == 0
     report = json.loads((tmp_path / "router" / "logit.json").read_text())
+    uncalibrated = json.loads((tmp_path / "router" / "logit_uncalibrated.json").read_text())
     assert report["options"] == [*names, "base"] and len(report["tasks"]) == 3
-    by_hand = label_logits_by_hand(tmp_path, [task["seed"] for task in report["tasks"]])
-    for task in report["tasks"]:
-        logits = by_hand[task["seed"]]
-        assert task["scores"] == pytest.approx(logits, abs=1e-4)
-        assert task["choice"] == max(logits, key=logits.get)  # the highest of the logits computed above (no ties here)
+    raw, calibrated = label_logits_by_hand(tmp_path, [task["seed"] for task in report["tasks"]])
+    for task, paper in zip(report["tasks"], uncalibrated["tasks"]):
+        logits, scores = raw[task["seed"]], calibrated[task["seed"]]
+        assert paper["scores"] == pytest.approx(logits, abs=1e-4)
+        assert paper["choice"] == max(logits, key=logits.get)  # the highest of the logits computed above (no ties here)
+        assert task["scores"] == pytest.approx(scores, abs=1e-4)
+        assert task["choice"] == max(scores, key=scores.get)
         # the tiny model earns nothing on device tasks, with or without an adapter: every option ties at 0,
         # and ties go to the base
         assert task["rewards"] == {name: 0.0 for name in [*names, "base"]} and task["oracle"] == "base"
@@ -105,3 +118,16 @@ def test_no_trained_adapter_is_one_line_error(tmp_path, capsys):
     assert main(["route", f"run_dir={tmp_path}", *TINY]) == 1
     err = capsys.readouterr().err
     assert "no trained capability adapter" in err and "trace-ray train" in err and err.count("\n") == 1
+
+
+def test_the_learned_routers_also_train_on_tasks_of_the_adapters_synthetic_environments(tmp_path):
+    names = ["datetime_reasoning", "information_reporting"]
+    write_capability_run(tmp_path, names)
+    overrides = ["limit=2", "router.train_limit=2", "router.synthetic_train_tasks=3", "model.sampling.max_new_tokens=4"]
+    assert main(["route", f"run_dir={tmp_path}", *TINY, *overrides]) == 0
+    summary = json.loads((tmp_path / "router" / "summary.json").read_text())
+    # 3 analysis tasks of each of the 2 synthetic environments, played with every option: the tiny model earns nothing
+    # anywhere, so every label is base and the gates are still not trained, now on 2 + 2 x 3 = 8 examples
+    assert summary["synthetic_train_labels"] == {"base": 6} and summary["train_labels"] == {"base": 2}
+    assert "a gate would learn a constant" in summary["routers"]["learned"]["error"]
+    assert "training labels: base 2 (target), base 6 (synthetic environments)" in (tmp_path / "router" / "report.md").read_text()

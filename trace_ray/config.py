@@ -292,8 +292,10 @@ class EvaluateConfig:
 class RouterConfig:
     name: str = MISSING  # the router serve and evaluate use: logit | learned | moe | none
     max_example_chars: int = MISSING  # logit: each option's example trajectory, compacted
+    calibration: str = MISSING  # logit: content_free (each option's bias on content-free requests removed) | none
     train_split: str = MISSING  # learned, moe: the target split whose oracle labels train the gates
     train_limit: Optional[int] = None  # learned, moe: at most this many training tasks (null: the whole split)
+    synthetic_train_tasks: int = MISSING  # learned, moe: also this many tasks of each adapter's synthetic environment
     gate: GateConfig = field(default_factory=GateConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
 
@@ -494,12 +496,16 @@ def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConf
 
 
 ROUTERS = ("logit", "learned", "moe", "none")
+ROUTER_CALIBRATIONS = ("content_free", "none")  # the logit router's (trace_ray/routing/logit_router.py CALIBRATIONS)
 
 
 def _validate_router(router: RouterConfig) -> None:
     _require(router.name in ROUTERS, f"router={router.name!r} is not one of {', '.join(ROUTERS)}")
     _require(router.max_example_chars > 0, f"router.max_example_chars must be > 0, got {router.max_example_chars}")
+    _require(router.calibration in ROUTER_CALIBRATIONS,
+             f"router.calibration={router.calibration!r} is not one of {', '.join(ROUTER_CALIBRATIONS)}")
     _require(router.train_limit is None or router.train_limit >= 2, f"router.train_limit must be >= 2 or null, got {router.train_limit}")
+    _require(router.synthetic_train_tasks >= 0, f"router.synthetic_train_tasks must be >= 0, got {router.synthetic_train_tasks}")
     _require(router.gate.hidden >= 0, f"router.gate.hidden must be >= 0, got {router.gate.hidden}")
     for key in ("epochs", "lr"):
         _require(getattr(router.gate, key) > 0 and getattr(router.moe, key) > 0, f"router.gate.{key} and router.moe.{key} must be > 0")

@@ -6,7 +6,9 @@ base). Tasks of ``router.train_split`` (default ``analysis``) train the
 learned routers; tasks of ``split`` (default ``eval``) are held out, and
 every router is scored on them:
 
-- ``logit``: the paper's training-free router (``trace_ray/routing/logit_router.py``);
+- ``logit``: the paper's training-free router (``trace_ray/routing/logit_router.py``), with
+  ``router.calibration`` (content-free by default); the uncalibrated router is
+  scored beside it (``logit (uncalibrated)``);
 - ``learned``: one gate over pooled hidden states (``trace_ray/routing/learned_gate.py``),
   saved to ``DIR/router/learned_gate.*``;
 - ``moe``: the LoRA mixture-of-experts, a gate at every adapted layer
@@ -27,14 +29,14 @@ from collections import Counter
 from pathlib import Path
 
 from trace_ray.artifacts import atomic_path, write_json
-from trace_ray.config import TraceConfig
+from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
-from trace_ray.environment_setup import environment_maker
+from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
 from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
 from trace_ray.routing.learned_gate import fit_gate, gate_decisions, pooled_features, save_gate
-from trace_ray.routing.logit_router import BASE, RouteDecision
+from trace_ray.routing.logit_router import BASE, RouteDecision, decide
 from trace_ray.routing.lora_moe import MoERouter, fit_moe, prompt_ids, save_moe
 from trace_ray.routing.routers import logit_router
 
@@ -50,10 +52,24 @@ def split_seeds(env, split: str, limit: int | None) -> list[int]:
     return env.task_seeds(split)[: limit or None]
 
 
-def oracle_rewards(config: TraceConfig, adapters: list[TrainedAdapter], seeds: list[int]) -> dict[int, dict[str, float]]:
-    """Seed -> option -> greedy reward of the base model and of each adapter."""
-    played = play_options(config, environment_maker(config.env), {a.name: a.folder for a in adapters}, seeds)
+def oracle_rewards(config: TraceConfig, adapters: list[TrainedAdapter], seeds: list[int], env: EnvConfig | None = None) -> dict[int, dict[str, float]]:
+    """Seed -> option -> greedy reward of the base model and of each adapter (on ``env``, default the target)."""
+    played = play_options(config, environment_maker(env or config.env), {a.name: a.folder for a in adapters}, seeds)
     return {seed: {option: result.reward for option, result in results.items()} for seed, results in played.items()}
+
+
+def synthetic_examples(config: TraceConfig, adapters: list[TrainedAdapter], names: list[str]) -> list[tuple[list[dict], str]]:
+    """(first observation, oracle label) of the first ``router.synthetic_train_tasks`` analysis tasks of each adapter's
+    synthetic environment, labelled like the target's tasks from greedy episodes of every option there: where an
+    adapter helps at all, it is on its own capability's tasks, so these give the learned routers non-base labels."""
+    examples = []
+    for adapter in adapters:
+        env_config = synthetic_env_config(config, adapter.name)
+        env = environment_maker(env_config)()
+        seeds = env.task_seeds("analysis")[: config.router.synthetic_train_tasks]
+        for seed, rewards in oracle_rewards(config, adapters, seeds, env_config).items():
+            examples.append((list(env.reset(seed).messages), best_choice(rewards, [BASE] + names[:-1])))
+    return examples
 
 
 def confusion(labels: list[str], choices: list[str], names: list[str]) -> list[list[int]]:
@@ -79,6 +95,10 @@ def matrix_markdown(names: list[str], matrix: list[list[int]]) -> list[str]:
     ]
 
 
+def label_counts(labels: dict[str, int]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in labels.items()) or "none"
+
+
 def report_markdown(summary: dict) -> str:
     names, lines = summary["options"], [f"# Routing on {summary['tasks']} held-out tasks ({summary['split']})", ""]
     lines += ["| router | accuracy | routed reward |", "|---|---|---|"]
@@ -89,6 +109,10 @@ def report_markdown(summary: dict) -> str:
             lines.append(f"| {name} | not trained: {result['error']} | |")
     lines += [f"| always base | {summary['base_accuracy']:.3f} | {summary['base_reward']:.3f} |"]
     lines += [f"| oracle | 1.000 | {summary['oracle_reward']:.3f} |", ""]
+    lines += [
+        f"training labels: {label_counts(summary['train_labels'])} (target), "
+        f"{label_counts(summary['synthetic_train_labels'])} (synthetic environments)", "",
+    ]
     for name, result in summary["routers"].items():
         if "confusion" in result:
             lines += [f"## {name} router accuracy against the oracle labels: {result['accuracy']:.3f}", ""]
@@ -131,20 +155,22 @@ def run(config: TraceConfig) -> None:
     eval_rewards = [rewards[s] for s in eval_seeds]
     model, tokenizer = load_model(config.model)
     folder = run_dir / "router"
+    synthetic = synthetic_examples(config, adapters, names) if config.router.synthetic_train_tasks else []
+    train_observations = [observations[s] for s in train_seeds] + [observation for observation, _ in synthetic]
+    train_labels = [labels[s] for s in train_seeds] + [label for _, label in synthetic]
 
     decisions: dict[str, list[RouteDecision] | str] = {}
-    decisions["logit"] = logit_router(config, model, tokenizer, adapters).route_many(eval_observations)
+    logit = logit_router(config, model, tokenizer, adapters)
+    raw = logit.raw_label_logits(eval_observations)
+    decisions["logit"] = logit.decide_many(eval_observations, raw)
+    if logit.calibration != "none":  # the paper's uncalibrated scores beside, from the same forward passes
+        decisions["logit (uncalibrated)"] = [decide(dict(zip(logit.names, row.tolist()))) for row in raw]
     try:
-        decisions["learned"] = learned_decisions(
-            config, model, tokenizer, names, [observations[s] for s in train_seeds], [labels[s] for s in train_seeds],
-            eval_observations, folder,
-        )
+        decisions["learned"] = learned_decisions(config, model, tokenizer, names, train_observations, train_labels, eval_observations, folder)
     except TraceRayError as exc:
         decisions["learned"] = str(exc)
     try:
-        decisions["moe"] = moe_decisions(
-            config, adapters, [observations[s] for s in train_seeds], [labels[s] for s in train_seeds], eval_observations, folder,
-        )
+        decisions["moe"] = moe_decisions(config, adapters, train_observations, train_labels, eval_observations, folder)
     except TraceRayError as exc:
         decisions["moe"] = str(exc)
 
@@ -154,7 +180,7 @@ def run(config: TraceConfig) -> None:
             routers[router] = {"error": outcome}
             continue
         routers[router] = router_summary(outcome, eval_labels, eval_rewards, names)
-        write_json(folder / f"{router}.json", {
+        write_json(folder / f"{router.replace(' (uncalibrated)', '_uncalibrated')}.json", {
             "router": router, "split": config.split, "options": names, **routers[router],
             "tasks": [
                 {"seed": seed, "choice": d.choice, "scores": d.scores, "probabilities": d.probabilities, "oracle": label, "rewards": reward}
@@ -166,6 +192,7 @@ def run(config: TraceConfig) -> None:
         "split": config.split, "tasks": count, "train_split": config.router.train_split, "train_tasks": len(train_seeds),
         "options": names, "routers": routers,
         "train_labels": dict(Counter(labels[s] for s in train_seeds)), "eval_labels": dict(Counter(eval_labels)),
+        "synthetic_train_labels": dict(Counter(label for _, label in synthetic)),
         "base_accuracy": eval_labels.count(BASE) / count, "base_reward": sum(r[BASE] for r in eval_rewards) / count,
         "oracle_reward": sum(max(r.values()) for r in eval_rewards) / count,
     }

@@ -24,6 +24,13 @@ leading space, which is how the label follows ``Answer:``); the label token
 with the highest next-token logit at the last position wins. Every option's
 logit and the softmax over them are kept.
 
+Contextual calibration (``calibration="content_free"``, the default; Zhao et
+al. 2021, "Calibrate Before Use"): a small model's label scores carry a bias
+toward some labels whatever the task says. The router measures it once per
+policy on content-free requests (:data:`CONTENT_FREE_REQUESTS` in the task's
+place) as the mean softmax over the options, and decides on
+``log p(option | task) - log p_content_free(option)``.
+
 The options come before the task, and the task's policy before its request,
 so the prompts of one environment's tasks share their head: the instruction,
 the options with their examples and the policy, most of the prompt. The
@@ -58,6 +65,9 @@ ANSWER_PREFIX = "Answer:"  # the assistant turn starts with it; the label token 
 POLICY_CHARS = 800  # the task's system policy, shortened to its head
 REQUEST_CHARS = 2000  # the task's user request, cut in the middle beyond this
 PREFIX_CACHE_ENTRIES = 4  # prompt heads (options + one policy) whose keys and values a router keeps
+CONTENT_FREE_REQUESTS = ("N/A", "", "[MASK]")  # contextual calibration's requests that say nothing
+CALIBRATIONS = ("content_free", "none")
+TIE_TOLERANCE = 1e-6  # scores this close count as a tie
 BASE_DESCRIPTION = "none of these: answer with the base model"
 ROUTING_SYSTEM = (
     "You choose the skill that helps an AI agent with a task. The agent uses tools to carry out the user's request "
@@ -163,6 +173,12 @@ def _policy_and_request(first_observation: list[dict]) -> tuple[str, str]:
     return policy, request
 
 
+def with_request(first_observation: list[dict], request: str) -> list[dict]:
+    """The first observation with its user message's content replaced (the same policy, another request)."""
+    user = next(index for index, message in enumerate(first_observation) if message.get("role") == "user")
+    return [*first_observation[:user], {**first_observation[user], "content": request}, *first_observation[user + 1:]]
+
+
 def task_head(first_observation: list[dict]) -> str:
     """``Task`` and the shortened policy: the part of the task that every task of one environment shares."""
     policy, _ = _policy_and_request(first_observation)
@@ -193,19 +209,20 @@ def routing_messages(first_observation: list[dict], options: list[RouteOption], 
 @dataclass
 class RouteDecision:
     choice: str  # option name (BASE or a capability)
-    scores: dict[str, float]  # option name -> logit of its label token
-    probabilities: dict[str, float]  # softmax over the label logits
+    scores: dict[str, float]  # option name -> logit of its label token (calibrated: log-prob minus the content-free one)
+    probabilities: dict[str, float]  # softmax over the scores
 
 
 def decide(label_logits: dict[str, float], tie_break: str = BASE) -> RouteDecision:
-    """The option with the highest logit; an exact tie goes to ``tie_break`` if tied, else to the first tied option."""
+    """The option with the highest score; a tie (within :data:`TIE_TOLERANCE`: calibrated scores that should be equal
+    differ by rounding) goes to ``tie_break`` if tied, else to the first tied option."""
     if not label_logits:
         raise ValueError("no label logits to decide from")
     scores = {name: float(value) for name, value in label_logits.items()}
     if any(math.isnan(value) for value in scores.values()):
         raise ValueError(f"a routing logit is NaN: {scores}")
     best = max(scores.values())
-    tied = [name for name, value in scores.items() if value == best]
+    tied = [name for name, value in scores.items() if value >= best - TIE_TOLERANCE]
     choice = tie_break if tie_break in tied else tied[0]
     exponents = {name: math.exp(value - best) for name, value in scores.items()}
     total = sum(exponents.values())
@@ -222,15 +239,21 @@ class LogitRouter:
     policy, is run once per distinct policy and its keys and values are kept
     (the last :data:`PREFIX_CACHE_ENTRIES` policies) for every later task
     under that policy, which then runs its request's tokens only; the model
-    must stay frozen meanwhile.
+    must stay frozen meanwhile. ``calibration``: ``content_free`` (see the
+    module's docstring; each policy's bias is measured once and kept) or
+    ``none`` (the raw label logits, the paper's).
     """
 
     def __init__(
         self, model, tokenizer, options: list[RouteOption], max_example_chars: int = 1500, batch_size: int = 8,
-        reuse_prefix: bool = True,
+        reuse_prefix: bool = True, calibration: str = "content_free",
     ):
         if any(option.name == BASE for option in options):
             raise ValueError(f"pass the capabilities only: the router appends the {BASE!r} option itself")
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration={calibration!r} is not one of {', '.join(CALIBRATIONS)}")
+        self.calibration = calibration
+        self._biases: dict[str, torch.Tensor] = {}  # policy -> log of the options' content-free probabilities
         self.model = model
         self.tokenizer = tokenizer
         self.options = _with_base(options)
@@ -351,27 +374,46 @@ class LogitRouter:
         )
         return output.logits[:, -1, :]
 
-    def _decision(self, row: torch.Tensor) -> RouteDecision:
-        return decide(dict(zip(self.names, row.tolist())))
-
     def route(self, first_observation: list[dict]) -> RouteDecision:
         """The decision for one task, from its first observation (system policy + first user message)."""
-        ids, head = self.prompt(first_observation)
-        return self._decision(self.label_logits([ids], head)[0])
+        return self.route_many([first_observation])[0]
 
     def route_many(self, observations: list[list[dict]]) -> list[RouteDecision]:
         """The decisions for many tasks, the same as :meth:`route` one by one.
 
         Tasks sharing a head (the same policy) go ``batch_size`` per forward pass.
         """
+        return self.decide_many(observations, self.raw_label_logits(observations))
+
+    def decide_many(self, observations: list[list[dict]], raw: torch.Tensor) -> list[RouteDecision]:
+        """The decisions from the tasks' uncalibrated label logits ``raw`` (:meth:`raw_label_logits`), calibrated as set."""
+        scores = raw
+        if self.calibration == "content_free":
+            scores = torch.log_softmax(raw, dim=-1) - torch.stack([self.content_free_bias(o) for o in observations])
+        return [decide(dict(zip(self.names, row.tolist()))) for row in scores]
+
+    def raw_label_logits(self, observations: list[list[dict]]) -> torch.Tensor:
+        """[tasks, options] label logits of each task's routing prompt, uncalibrated."""
         prompts = [self.prompt(observation) for observation in observations]
         groups: dict[tuple[int, ...], list[int]] = {}
         for index, (ids, head) in enumerate(prompts):
             groups.setdefault(tuple(ids[:head]), []).append(index)
-        decisions: dict[int, RouteDecision] = {}
+        rows: dict[int, torch.Tensor] = {}
         for head, indices in groups.items():
             for start in range(0, len(indices), self.batch_size):
                 batch = indices[start:start + self.batch_size]
                 logits = self.label_logits([prompts[index][0] for index in batch], len(head))
-                decisions.update((index, self._decision(row)) for index, row in zip(batch, logits))
-        return [decisions[index] for index in range(len(observations))]
+                rows.update(zip(batch, logits))
+        return torch.stack([rows[index] for index in range(len(observations))])
+
+    def content_free_bias(self, first_observation: list[dict]) -> torch.Tensor:
+        """Log of the options' mean softmax over the content-free requests under this task's policy (measured once per policy)."""
+        policy, _ = _policy_and_request(first_observation)
+        with self._prefix_lock:
+            known = self._biases.get(policy)
+        if known is None:
+            free = [with_request(first_observation, request) for request in CONTENT_FREE_REQUESTS]
+            known = torch.log(torch.softmax(self.raw_label_logits(free), dim=-1).mean(dim=0))
+            with self._prefix_lock:
+                self._biases[policy] = known
+        return known

@@ -35,9 +35,11 @@ def oracle_example(config: TraceConfig, adapter: TrainedAdapter) -> str:
     return compact_messages(messages, config.router.max_example_chars)
 
 
-def logit_router(config: TraceConfig, model, tokenizer, adapters: list[TrainedAdapter]) -> LogitRouter:
+def logit_router(config: TraceConfig, model, tokenizer, adapters: list[TrainedAdapter], calibration: str | None = None) -> LogitRouter:
+    """The logit router over ``adapters`` (``calibration``: None for ``router.calibration``)."""
     options = [RouteOption(a.name, a.description, oracle_example(config, a)) for a in adapters]
-    return LogitRouter(model, tokenizer, options, max_example_chars=config.router.max_example_chars)
+    return LogitRouter(model, tokenizer, options, max_example_chars=config.router.max_example_chars,
+                       calibration=calibration or config.router.calibration)
 
 
 def build_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters: list[TrainedAdapter]) -> Router | None:

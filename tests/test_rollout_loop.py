@@ -1,13 +1,16 @@
 """The batched rollout loop, driven by a scripted engine so every step is deterministic."""
 
 import json
+from dataclasses import replace
 from concurrent.futures import Future
 
+import pytest
 import torch
 
 from environments.device.environment import DeviceEnvironment
 from environments.self_checks import play_recorded
-from trace_ray.agent_prompt import AgentPrompt, render_tool_call
+from tests.test_agent_prompt import THINKING_TEMPLATE, with_template
+from trace_ray.agent_prompt import AgentPrompt, assistant_text, render_tool_call
 from trace_ray.engines import Generation, SamplingParams
 from trace_ray.engines.hf import HFEngine
 from trace_ray.metrics import summarize
@@ -153,34 +156,131 @@ def test_malformed_model_output_is_an_error_observation(tiny_model):
     assert result.turns == 2 and result.termination == "agent_reply"
 
 
+def render(prompt, messages, tools, example, add_generation_prompt):
+    """A whole conversation as the chat template renders it, in one piece."""
+    text = prompt.tokenizer.apply_chat_template(
+        prompt.chat(messages, tools, example), add_generation_prompt=add_generation_prompt, tokenize=False
+    )
+    return prompt.tokenizer.encode(text, add_special_tokens=False)
+
+
 def test_record_is_the_template_rendering_with_exact_masks_and_logprobs(tiny_model):
     _, tokenizer = tiny_model
     prompt = AgentPrompt(tokenizer)
+    example = DeviceEnvironment().example_exchange()
+    eos = tokenizer.eos_token_id
     for seed in (1, 6):  # a blocked setting (tool errors, several turns) and an ambiguous contact (user reply)
         engine = ScriptedEngine(tokenizer, oracle_text(seed))
         [result] = run_episodes([seed], engine, tokenizer)
-        record = result.record
+        record, messages = result.record, result.messages
         assert len(record.token_ids) == len(record.action_mask) == len(record.logprobs)
-        rendered = prompt.rendered_ids(result.messages, result.tools, DeviceEnvironment().example_exchange())
+        rendered = render(prompt, messages, result.tools, example, add_generation_prompt=False)
         closing = prompt.assistant_closing_ids
         assert record.token_ids == rendered[: len(record.token_ids)]
         assert rendered[len(record.token_ids):] == closing[1:]
+        # SmolLM2's template is append-only, so each turn's continuation is exactly what re-rendering the whole
+        # conversation appended (how continuations were computed before they rendered only the new messages)
+        replies = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+        assert len(replies) == result.turns >= 3
+        for reply, next_reply in zip(replies, replies[1:]):
+            through_reply = render(prompt, messages[: reply + 1], result.tools, example, add_generation_prompt=False)
+            extended = render(prompt, messages[:next_reply], result.tools, example, add_generation_prompt=True)
+            assert extended[: len(through_reply)] == through_reply
+            continuation = prompt.continuation_ids(messages[reply + 1 : next_reply], result.tools, [eos])
+            assert continuation == closing[1:] + extended[len(through_reply):]
         # every sampled token, each turn's end-of-turn token included, is an action; nothing else is
         sampled = [i for i, m in enumerate(record.action_mask) if m]
-        assert sum(1 for i in sampled if record.token_ids[i] == tokenizer.eos_token_id) == result.turns
+        assert sum(1 for i in sampled if record.token_ids[i] == eos) == result.turns
         assert all(record.logprobs[i] == -0.5 for i in sampled)
         assert all(lp == 0.0 for lp, m in zip(record.logprobs, record.action_mask) if not m)
-        assistant_texts = [m["raw_text"] for m in result.messages if m["role"] == "assistant"]
-        segments, current = [], []
-        for token, mask in zip(record.token_ids, record.action_mask):
-            if mask:
-                current.append(token)
-            elif current:
-                segments.append(current)
-                current = []
-        segments.append(current)
-        assert [tokenizer.decode(s[:-1]) for s in segments] == assistant_texts
-        assert all(s[-1] == tokenizer.eos_token_id for s in segments)
+        assistant_texts = [m["raw_text"] for m in messages if m["role"] == "assistant"]
+        assert [tokenizer.decode(s[:-1]) for s in action_segments(record)] == assistant_texts
+        assert all(s[-1] == eos for s in action_segments(record))
+
+
+def action_segments(record):
+    """The record's runs of action tokens, in order."""
+    segments, current = [], []
+    for token, mask in zip(record.token_ids, record.action_mask):
+        if mask:
+            current.append(token)
+        elif current:
+            segments.append(current)
+            current = []
+    return segments + [current] if current else segments
+
+
+THOUGHT = "<think>\nWhich tool does the request need next?\n</think>\n\n"
+
+
+def thinking_oracle(seed):
+    """The oracle's replies for ``seed`` in order, each behind a <think> block."""
+    messages, _, _ = play_recorded(DeviceEnvironment(), seed, lambda env: env.oracle_message())
+    return [THOUGHT + assistant_text(message) for message in messages if message["role"] == "assistant"]
+
+
+def thinking_continuation(new_messages):
+    """What THINKING_TEMPLATE writes after a reply closed by <|im_end|>, up to the next generation, by hand."""
+    if all(message["role"] == "tool" for message in new_messages):
+        responses = "".join(f"\n<tool_response>\n{message['content']}\n</tool_response>" for message in new_messages)
+        return f"\n<|im_start|>user{responses}<|im_end|>\n<|im_start|>assistant\n"
+    [user] = new_messages
+    return f"\n<|im_start|>user\n{user['content']}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("tool_format", ["native", "text"])
+def test_a_template_that_rewrites_earlier_turns_extends_the_sampled_tokens(tiny_model, tool_format):
+    tokenizer = with_template(tiny_model[1], THINKING_TEMPLATE)
+    prompt = AgentPrompt(tokenizer, tool_format=tool_format)
+    example = DeviceEnvironment().example_exchange()
+    eos = tokenizer.eos_token_id
+    for seed in (1, 6):  # tool results only; a tool result, then the user's reply (the template drops earlier thoughts)
+        tasks = [EpisodeTask(f"device-{seed}", seed)]
+        texts = thinking_oracle(seed)
+        engine = ScriptedEngine(tokenizer, lambda _, replies=iter(texts): next(replies))
+        params = replace(GREEDY, max_new_tokens=256)  # whole replies, thoughts included
+        [result] = run_rollouts(tasks, LocalBackend(DeviceEnvironment, engine), prompt, params, 1, 8192)
+        assert result.termination == "agent_reply" and result.turns >= 3
+        messages = result.messages
+        replies = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+        # the record: the first prompt, then each turn's sampled tokens verbatim and the new messages' rendering
+        expected_ids = prompt.prompt_ids(messages[:2], result.tools, example)
+        expected_mask = [0] * len(expected_ids)
+        assert len(replies) == len(texts)
+        for text, reply, next_reply in zip(texts, replies, replies[1:] + [None]):
+            sampled = tokenizer.encode(text) + [eos]
+            new_messages = messages[reply + 1 : next_reply] if next_reply else []
+            continuation = tokenizer.encode(thinking_continuation(new_messages)) if new_messages else []
+            expected_ids += sampled + continuation
+            expected_mask += [1] * len(sampled) + [0] * len(continuation)
+        assert result.record.token_ids == expected_ids
+        assert result.record.action_mask == expected_mask
+        assert tokenizer.decode(result.record.token_ids).count(THOUGHT) == result.turns
+        # re-rendering the conversation drops the thoughts of the replies before the user's last message
+        rerendered = tokenizer.apply_chat_template(
+            prompt.chat(messages, result.tools, example), tools=result.tools if prompt.native else None, tokenize=False
+        )
+        last_user = max(i for i, message in enumerate(messages) if message["role"] == "user")
+        kept = sum(1 for i in replies if i > last_user)
+        assert rerendered.count(THOUGHT) == kept
+        if seed == 6:  # the user replied after two replies: a whole-conversation rendering would have rewritten them
+            assert kept == result.turns - 2
+
+
+def test_each_turn_renders_only_its_new_messages(tiny_model):
+    _, tokenizer = tiny_model
+    counting = CountingTokenizer(tokenizer)
+    calls = 20
+    replies = iter([render_tool_call("get_wifi_status", {})] * calls + ["Wifi is on."])
+    engine = ScriptedEngine(tokenizer, lambda _: next(replies))
+    prompt = AgentPrompt(counting)
+    [result] = run_rollouts([EpisodeTask("device-0", 0)], LocalBackend(DeviceEnvironment, engine), prompt, GREEDY, 1, 8192)
+    assert result.turns == calls + 1 and len(result.messages) == 2 + 2 * calls + 1
+    first_prompt = 1 + len(DeviceEnvironment().example_exchange()) + 1  # system, the worked example, the request
+    # the first prompt whole; the assistant turn's closing once (2 messages); then each turn its one tool result after
+    # the same 2-message prefix, however long the conversation has grown (re-rendering it would take 7 + 2k at turn k)
+    assert counting.rendered[0] == first_prompt
+    assert sorted(counting.rendered[1:]) == [2] + [3] * calls
 
 
 def test_sampled_record_logprobs_match_a_teacher_forced_forward(tiny_model):
@@ -200,6 +300,21 @@ def assert_logprobs_match_a_forward(record, network, temperature, atol):
     mask = torch.tensor(record.action_mask[1:], dtype=torch.bool)
     assert mask.sum() == record.action_tokens > 0
     assert torch.allclose(forward[mask], torch.tensor(record.logprobs[1:])[mask], atol=atol)
+
+
+class CountingTokenizer:
+    """The tokenizer, recording how many messages each chat-template rendering gets."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.rendered = []
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.rendered.append(len(messages))
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
 
 
 class FlakyBackend(LocalBackend):

@@ -11,6 +11,13 @@ assistant message. Two renderings:
 - ``text``: for templates without tool support (SmolLM2): the tools are
   listed compactly in the system message, one line each, with the exact
   ``<tool_call>`` format; assistant tool calls become ``<tool_call>`` text.
+
+Multi-turn rollouts are token-in/token-out: the next prompt is the previous
+one, the sampled tokens verbatim, then :meth:`AgentPrompt.continuation_ids`.
+That renders only the turn's new messages, after a fixed conversation that
+ends with an assistant turn, so earlier turns are never rendered again: a
+template that rewrites them (Qwen3 drops earlier ``<think>`` blocks) cannot
+break a rollout, and a turn costs the same however long the episode is.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ TOOL_CALL_INSTRUCTIONS = (
     '<tool_call>{"name": "tool_name", "arguments": {"argument_name": "value"}}</tool_call>\n'
     "You will get the tool's result. When the request is done, reply to the user in plain text."
 )
+
+_SENTINEL = "\u2063TRACE_SENTINEL\u2063"
+# The fixed conversation each turn's new messages are rendered after; the text past the sentinel is theirs.
+_TURN_PREFIX: list[Message] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
 
 
 def template_supports_tools(tokenizer) -> bool:
@@ -107,71 +118,68 @@ class AgentPrompt:
         shown = list(example) if self.show_example else []
         if self.native:
             head = [system] if system else []
-            return head + [_with_dict_arguments(message) for message in shown + conversation]
-        policy = system["content"] if system else ""
-        if tools:
-            tool_lines = "\n".join(render_tool_line(schema) for schema in tools)
-            system_text = f"{policy}\n\n# Tools\n{tool_lines}\n\n{TOOL_CALL_INSTRUCTIONS}".strip()
-        else:  # a plain chat (a served request without tools): no tool section, no tool-call format
-            system_text = policy
-        rendered = [{"role": "system", "content": system_text}] if system_text else []
-        for message in shown + conversation:
-            if message["role"] == "assistant":
-                rendered.append({"role": "assistant", "content": assistant_text(message)})
-            else:
-                rendered.append({"role": message["role"], "content": message.get("content") or ""})
-        return rendered
+        else:
+            policy = system["content"] if system else ""
+            if tools:
+                tool_lines = "\n".join(render_tool_line(schema) for schema in tools)
+                system_text = f"{policy}\n\n# Tools\n{tool_lines}\n\n{TOOL_CALL_INSTRUCTIONS}".strip()
+            else:  # a plain chat (a served request without tools): no tool section, no tool-call format
+                system_text = policy
+            head = [{"role": "system", "content": system_text}] if system_text else []
+        return head + [self._template_message(message) for message in shown + conversation]
 
-    def _render_ids(self, messages, tools, example, add_generation_prompt: bool) -> list[int]:
-        chat = self.chat(messages, tools, example)
-        encoded = self.tokenizer.apply_chat_template(
-            chat, tools=tools if self.native else None, add_generation_prompt=add_generation_prompt, tokenize=True
-        )
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+    def _template_message(self, message: Message) -> Message:
+        """One conversation message as the chat template gets it."""
+        if self.native:
+            return _with_dict_arguments(message)
+        if message["role"] == "assistant":
+            return {"role": "assistant", "content": assistant_text(message)}
+        return {"role": message["role"], "content": message.get("content") or ""}
 
     def prompt_ids(self, messages: list[Message], tools: list[ToolSchema], example: list[Message]) -> list[int]:
         """The first prompt of an episode, ending with the assistant generation header."""
-        return self._render_ids(messages, tools, example, add_generation_prompt=True)
+        encoded = self.tokenizer.apply_chat_template(
+            self.chat(messages, tools, example), tools=tools if self.native else None, add_generation_prompt=True, tokenize=True
+        )
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
-    def rendered_ids(self, messages: list[Message], tools: list[ToolSchema], example: list[Message]) -> list[int]:
-        """A whole conversation as the chat template renders it (no generation header)."""
-        return self._render_ids(messages, tools, example, add_generation_prompt=False)
+    @functools.cached_property
+    def _closing_text(self) -> str:
+        """What the template writes after an assistant turn's text (``<|im_end|>\n`` in ChatML)."""
+        text = self.tokenizer.apply_chat_template(_TURN_PREFIX, tokenize=False)
+        return text[text.rindex(_SENTINEL) + len(_SENTINEL):]
 
     @functools.cached_property
     def assistant_closing_ids(self) -> list[int]:
-        """The tokens the template writes after an assistant turn's text (``<|im_end|>\n`` in ChatML)."""
-        sentinel = "\u2063TRACE_SENTINEL\u2063"
-        chat = [{"role": "user", "content": "x"}, {"role": "assistant", "content": sentinel}]
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False)
-        closing = text[text.rindex(sentinel) + len(sentinel):]
-        return self.tokenizer.encode(closing, add_special_tokens=False)
+        """The closing's tokens; a reply that ends with the first of them (end of turn) was closed by the model."""
+        return self.tokenizer.encode(self._closing_text, add_special_tokens=False)
 
-    def continuation_ids(
-        self,
-        messages: list[Message],
-        new_count: int,
-        tools: list[ToolSchema],
-        example: list[Message],
-        sampled_ids: list[int],
-    ) -> list[int]:
+    def continuation_ids(self, new_messages: list[Message], tools: list[ToolSchema], sampled_ids: list[int]) -> list[int]:
         """The tokens that follow the sampled reply before the next generation.
 
-        ``messages`` ends with the assistant reply followed by ``new_count``
-        environment messages. Returns the rest of the assistant turn's closing
-        (what the template writes after the reply that the model did not
-        sample) plus the rendering of the new messages and the generation
-        header. Requires an append-only chat template and says so otherwise.
+        ``new_messages`` are the environment's answer to the reply (tool
+        results, the user's reply). Returns the rest of the assistant turn's
+        closing (what the template writes after the reply that the model did
+        not sample) plus the rendering of the new messages and the generation
+        header, both cut from a rendering of the new messages after
+        ``_TURN_PREFIX``. The cut is checked: the prefix's assistant turn must
+        end exactly as it does with nothing after it.
         """
-        through_reply = self.rendered_ids(messages[: len(messages) - new_count], tools, example)
-        extended = self.prompt_ids(messages, tools, example)
-        if extended[: len(through_reply)] != through_reply:
+        chat = _TURN_PREFIX + [self._template_message(message) for message in new_messages]
+        text = self.tokenizer.apply_chat_template(
+            chat, tools=tools if self.native else None, add_generation_prompt=True, tokenize=False
+        )
+        cut = text.find(_SENTINEL + self._closing_text)
+        if cut < 0 or text.count(_SENTINEL) != 1:
             raise TraceRayError(
-                "the model's chat template is not append-only (rendering a longer conversation changed earlier "
-                "tokens), so token-in/token-out rollouts cannot extend it; use model.prompt.tool_format=text"
+                f"the chat template of {self.tokenizer.name_or_path} does not keep an assistant turn's text followed by "
+                f"{self._closing_text!r} when messages follow it, so multi-turn rollouts cannot extend the sampled "
+                "tokens; use a chat template that ends every assistant turn the same way"
             )
+        rest = text[cut + len(_SENTINEL) + len(self._closing_text):]
         closing = self.assistant_closing_ids
         ended_with_closing = bool(closing) and sampled_ids[-1:] == closing[:1]
-        return (closing[1:] if ended_with_closing else closing) + extended[len(through_reply):]
+        return (closing[1:] if ended_with_closing else closing) + self.tokenizer.encode(rest, add_special_tokens=False)
 
     def parse(self, token_ids: list[int], turn: int = 0) -> Message:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -216,7 +216,7 @@ def run_rollouts(
                 finish(episode, episode.result(step.reward, step.info, step.info.get("termination", "done")))
                 continue
             episode.record.add_observation(
-                prompt.continuation_ids(episode.messages, len(step.messages), episode.tools, example, generation.token_ids)
+                prompt.continuation_ids(step.messages, episode.tools, generation.token_ids)
             )
             next_turn(episode)
     return [results[task.key] for task in tasks]

@@ -6,8 +6,9 @@ reset); each generation goes, as its own call, to the rollout worker with
 the fewest generations in flight. Workers are threaded actors, so
 concurrent calls meet in the worker's engine and are batched there.
 
-Failures: rollout workers are stateless between calls, so Ray restarts a dead
-one and retries its call (``max_task_retries``). Environment actors hold
+Failures: Ray restarts a dead rollout worker and retries its calls
+(``max_task_retries``); the restarted worker first loads the pool's current
+adapters from the pool's :class:`AdapterRegistry`. Environment actors hold
 episode state, so Ray restarts a dead one empty and its episodes come back
 as lost (``None``); the loop reruns them from the start.
 """
@@ -84,26 +85,29 @@ def wait_until_alive(actor, timeout_s: float = 120.0) -> None:
 class RolloutPool:
     workers: list
     env_actors: list
+    registry: object = None  # the AdapterRegistry actor the workers restore their adapters from (None: not restored)
 
 
 def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool:
     """Rollout workers and environment actors (of ``env``, default ``config.env``) sized by ``config.rollout``."""
     import ray
 
+    from actors.adapter_registry import AdapterRegistry
     from actors.rollout_worker import RolloutWorker
 
     rollout = config.rollout
     threads = rollout.worker_threads or max(1, (os.cpu_count() or 1) // rollout.num_workers)
+    registry = ray.remote(num_cpus=0)(AdapterRegistry).remote()
     worker_class = ray.remote(max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES, max_concurrency=WORKER_CONCURRENCY)(RolloutWorker)
     workers = [
         worker_class.options(num_cpus=rollout.worker_cpus, num_gpus=rollout.worker_gpus).remote(
-            config.model, config.engine, threads
+            config.model, config.engine, threads, registry
         )
         for _ in range(rollout.num_workers)
     ]
     env_actors = start_env_actors(config, env or config.env)
     ray.get([worker.health.remote() for worker in workers])
-    return RolloutPool(workers, env_actors)
+    return RolloutPool(workers, env_actors, registry)
 
 
 def start_env_actors(config: TraceConfig, env: EnvConfig) -> list:

@@ -128,12 +128,35 @@ def load_tokenizer(model: ModelConfig):
     return tokenizer
 
 
-def load_model(model: ModelConfig):
-    """(model in eval mode, tokenizer) for the configured source."""
+def model_device(cuda_available: bool, gpu_assigned: bool) -> str:
+    """Where an engine's model runs: cuda only when CUDA works and this process was given a GPU.
+
+    Ray (2.60) leaves every GPU visible to an actor that asked for none, so
+    CUDA being available alone does not make the GPU this process's.
+    """
+    return "cuda" if cuda_available and gpu_assigned else "cpu"
+
+
+def model_dtype(setting: str, device: str) -> torch.dtype:
+    """``model.dtype`` on ``device``: ``auto`` is bfloat16 on cuda and float32 on cpu; a named dtype is itself."""
+    if setting == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return _DTYPES[setting]
+
+
+def assigned_device() -> str:
+    """This process's device for model weights: cuda in a Ray actor given a GPU (``num_gpus``), else cpu."""
+    import ray
+
+    return model_device(torch.cuda.is_available(), ray.is_initialized() and bool(ray.get_gpu_ids()))
+
+
+def load_model(model: ModelConfig, device: str = "cpu"):
+    """(model in eval mode on ``device``, tokenizer) for the configured source."""
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
     tokenizer = load_tokenizer(model)
-    dtype = _DTYPES[model.dtype]
+    dtype = model_dtype(model.dtype, device)
     if model.source == "random_init":
         spec = model.random_init
         config = LlamaConfig(
@@ -161,5 +184,5 @@ def load_model(model: ModelConfig):
                 f"cannot load model {folder!r} ({str(exc).splitlines()[0]}); set model.path to a local transformers folder"
             ) from None
         network = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    network.eval()
+    network.to(device).eval()
     return network, tokenizer

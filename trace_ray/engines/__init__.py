@@ -20,7 +20,7 @@ def make_engine(model, engine) -> Engine:
 
         return make_vllm_engine(model, engine)
     from trace_ray.engines.hf import HFEngine
-    from trace_ray.models import load_model
+    from trace_ray.models import assigned_device, load_model
 
-    network, tokenizer = load_model(model)
+    network, tokenizer = load_model(model, assigned_device())
     return HFEngine(network, tokenizer, max_batch_rows=engine.max_batch_rows)

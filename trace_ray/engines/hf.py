@@ -13,6 +13,10 @@ It also keeps the KV cache of finished generations for a while: an
 episode's next prompt extends its last one (the reply and the environment's
 answer appended), so only the new tokens are prefilled.
 
+The model runs where it was loaded: on the CPU, or on the GPU of a rollout
+worker given one (``models.assigned_device``; ``model.dtype=auto`` is bf16
+there).
+
 Adapters are PEFT LoRA adapters held beside the frozen base model, each
 known by ``(name, version)``. Replacing or unloading an adapter never
 changes a generation already running: the old weights stay until its last
@@ -327,9 +331,12 @@ class HFEngine(LoopedEngine):
         return [row.request for row in rows]
 
     def _join(self, rows: list[_Row], cache, mask: torch.Tensor, logits: torch.Tensor) -> list[tuple[Request, Generation]]:
-        """Sample each row's next token; finished rows leave, the others join the running batch."""
+        """Sample each row's next token; finished rows leave, the others join the running batch.
+
+        Sampling runs on the CPU, where the requests' seeded generators live.
+        """
         tokens, logprobs = sample_next(
-            logits,
+            logits.cpu(),
             [row.request.params.temperature for row in rows],
             [row.request.params.top_p for row in rows],
             [row.request.generator for row in rows],

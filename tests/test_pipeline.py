@@ -151,3 +151,22 @@ def test_a_sweep_runs_each_combination_in_its_own_directory_and_reuses_shared_st
     assert len(selected[1]) < len(selected[0])  # a higher coverage threshold keeps fewer capabilities
     summary = (tmp_path / "sweep_summary.md").read_text()
     assert "| selection.rho-0.05 |" in summary and "| selection.rho-0.5 |" in summary
+
+
+def test_a_lora_rank_sweep_sharing_one_checkpoint_store_trains_each_rank_and_a_rerun_skips(finished_run, tmp_path, capsys):
+    """One trainer.storage_path for every combination (as the cluster preset sets it): each rank's training is a Ray
+    Train run of its own (the second used to resume the first one's checkpoint and fail on its shapes)."""
+    unranked = [override for override in MINIMAL if not override.startswith("lora.rank=")]
+    for rank in (8, 16):
+        shutil.copytree(finished_run, tmp_path / f"lora.rank-{rank}")  # every stage before train done
+    sweep = ["pipeline", "-m", f"run_dir={tmp_path}", *unranked, "lora.rank=8,16",
+             f"trainer.storage_path={tmp_path / 'checkpoints'}", "pipeline.stages=[train]"]
+    assert main(sweep) == 0
+    for rank in (8, 16):
+        adapters = tmp_path / f"lora.rank-{rank}" / "adapters"
+        [name] = [p.name for p in adapters.iterdir() if p.name != "grpo_on_target"]
+        assert json.loads((adapters / name / "adapter_config.json").read_text())["r"] == rank
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 2
+    capsys.readouterr()
+    assert main(sweep) == 0
+    assert capsys.readouterr().out.count("train: up to date, skipped") == 2

@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from trace_ray.training.action_logprobs import ActionLogprobs, ScoredRow
 from trace_ray.training.grpo import policy_loss
 from trace_ray.training.groups import TrainingRow
 from trace_ray.training.lora_model import peft_settings, trainable_model
-from trace_ray.training.train_loop import batch_fits, train_loop_per_worker, update
+from trace_ray.training.train_loop import BatchMailbox, TrainJob, batch_fits, train_loop_per_worker, update
 from trace_ray.training.weight_sync import WeightSyncError, sync_adapter
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
@@ -170,11 +172,33 @@ def metrics_of(run_dir, name="parity"):
     return pq.read_table(run_dir / "adapters" / name / "metrics.parquet").to_pylist()
 
 
-def test_two_ray_train_workers_keep_identical_replicas(tmp_path, ray_session):
-    config = parity_config(tmp_path, "grpo.iterations=2", "trainer.num_workers=2", "adapter=parity")
+SLOW_ROLLOUT_S = 10  # rank 0's extra time per batch of rollouts: past the collective timeout the test below sets
+
+
+def train_loop_with_slow_rollouts(loop_config: dict) -> None:
+    """``train_loop_per_worker`` with each batch of rank 0's rollouts ``SLOW_ROLLOUT_S`` slower (run by every Ray Train worker)."""
+    from trace_ray.training.train_loop import TrainingRollouts
+
+    collect = TrainingRollouts.collect
+
+    def slow_collect(self, state, version):
+        time.sleep(SLOW_ROLLOUT_S)
+        return collect(self, state, version)
+
+    TrainingRollouts.collect = slow_collect  # in this worker's process only, which ends with the run
+    train_loop_per_worker(loop_config)
+
+
+def test_two_ray_train_workers_keep_identical_replicas(tmp_path, ray_session, monkeypatch):
+    """While rank 0 rolls out, rank 1 waits for the batch longer than trainer.collective_timeout_s: in the mailbox,
+    which has no timeout (waiting in a gloo broadcast, as ranks did before, it fails the run with a collective timeout)."""
+    monkeypatch.setattr("trace_ray.training.train_loop.train_loop_per_worker", train_loop_with_slow_rollouts)
+    timeout = SLOW_ROLLOUT_S - 4
+    config = parity_config(tmp_path, "grpo.iterations=2", "trainer.num_workers=2", "adapter=parity", f"trainer.collective_timeout_s={timeout}")
     train.run(config)
     history = metrics_of(tmp_path)
     assert [row["iteration"] for row in history] == [1, 2]
+    assert all(row["finished_at"] - row["started_at"] > SLOW_ROLLOUT_S > timeout for row in history)  # the slow rollouts ran
     updated = [row for row in history if not row["skipped"]]
     assert updated, "no iteration had an informative group"
     for row in updated:
@@ -202,6 +226,18 @@ def test_resumed_run_ends_with_the_same_adapter_as_an_uninterrupted_one(tmp_path
     assert any(expected[key].abs().max() > 1e-2 for key in expected)  # and the adapter really moved
 
 
+def test_changed_settings_in_one_run_dir_start_afresh_instead_of_resuming(tmp_path, ray_session):
+    train.run(parity_config(tmp_path, "grpo.iterations=1", "adapter=parity"))
+    [first] = metrics_of(tmp_path)
+    train.run(parity_config(tmp_path, "grpo.iterations=1", "adapter=parity", "grpo.lr=2e-3"))
+    [second] = metrics_of(tmp_path)
+    # resumed, it would have found iteration 1 done and exported the first run's adapter with its metrics
+    assert second["iteration"] == 1 and second["started_at"] > first["finished_at"]
+    runs = sorted((tmp_path / "train_state").iterdir())
+    assert len(runs) == 2 and all(run.name.startswith("grpo-parity-") for run in runs)
+    assert all(any(path.name.startswith("checkpoint_") for path in run.iterdir()) for run in runs)
+
+
 def test_a_rollout_cap_stops_resampling_and_training_at_the_budget(tmp_path, ray_session):
     # up to 3 batches of 2 rollouts per iteration (dynamic sampling wants 2 informative groups), capped at 10 in all
     config = parity_config(
@@ -222,6 +258,102 @@ def test_a_rollout_cap_stops_resampling_and_training_at_the_budget(tmp_path, ray
 def test_batch_fits_counts_finished_and_current_rollouts_against_the_cap(cap, spent, extra, fits):
     grpo = tiny_config(f"grpo.max_rollouts={'null' if cap is None else cap}", "grpo.group_size=2", "grpo.groups_per_batch=2").grpo
     assert batch_fits(grpo, [{"rollouts": n} for n in spent], extra) is fits
+
+
+def test_the_mailbox_hands_each_batch_to_every_reader_then_drops_it():
+    mailbox = BatchMailbox(readers=2)
+    assert mailbox.take(1) is None  # rank 0 is still rolling out
+    mailbox.post(1, ["rows of 1"])
+    mailbox.post(2, ["rows of 2"])
+    assert mailbox.take(1) == ["rows of 1"] and mailbox.take(2) == ["rows of 2"] and mailbox.take(1) == ["rows of 1"]
+    assert 1 not in mailbox.posted and mailbox.posted == {2: ["rows of 2"]}  # both readers took 1; 2 waits for its second
+    assert mailbox.take(2) == ["rows of 2"] and mailbox.posted == {} and mailbox.taken == {}
+
+
+def test_the_torch_trainer_waits_the_configured_collective_timeout(tmp_path):
+    assert tiny_config().trainer.collective_timeout_s == 6 * 3600  # conf/config.yaml: hours, not Ray Train's 30 minutes
+    config = tiny_config(f"run_dir={tmp_path}", "train_on=env", "trainer.collective_timeout_s=42")
+    [job] = train.train_jobs(config)
+    assert train.torch_trainer(config, job, mailbox=None).backend_config.timeout_s == 42
+
+
+def env_run_name(run_dir, *overrides):
+    config = tiny_config(f"run_dir={run_dir}", "train_on=env", *overrides)
+    [job] = train.train_jobs(config)
+    return train.run_name(config, job)
+
+
+def test_the_run_name_changes_with_every_setting_that_shapes_the_adapter(tmp_path):
+    name = env_run_name(tmp_path)
+    assert name.startswith("grpo-device-")
+    # stopping later, checkpointing more often, other resources or another checkpoint store: the same run, resumed
+    for override in ["grpo.iterations=99", "grpo.max_rollouts=1000", "grpo.plateau_patience=2", "grpo.checkpoint_every=3",
+                     "trainer.num_workers=2", "rollout.num_workers=3", "batch_size=3", "trainer.storage_path=/elsewhere"]:
+        assert env_run_name(tmp_path, override) == name, override
+    others = [env_run_name(tmp_path, override) for override in [
+        "lora.alpha=4", "lora.target_modules=[q_proj]", "grpo.lr=2e-3", "grpo.group_size=8", "seed=1",
+        "model.sampling.max_new_tokens=7", "model.dtype=bfloat16", "env.max_turns=3", "rollout.max_episode_tokens=64",
+    ]]
+    assert len({name, *others}) == 1 + len(others)
+
+
+def test_a_synthetic_environment_is_fingerprinted_by_its_spec_not_its_path(tmp_path):
+    for run_dir, difficulty in (("a", 0), ("b", 0), ("c", 1)):
+        write_template_spec(tmp_path / run_dir, "tool_calling_precision", difficulty)
+    names = [env_run_name(tmp_path / run_dir, "env=synthetic/tool_calling_precision") for run_dir in "abc"]
+    assert names[0] == names[1] != names[2]  # a copied run directory resumes; another difficulty starts afresh
+
+
+def sweep_plan(run_dir, *combinations):
+    configs = [compose_config("train", ["model=tiny_random", f"run_dir={run_dir}", "train_on=env", *c]) for c in combinations]
+    return [[(job.name, Path(job.output).name) for job in jobs] for _, jobs in train.distinct_outputs([(c, train.train_jobs(c)) for c in configs])]
+
+
+def test_sweep_combinations_that_would_share_an_adapter_folder_get_one_each(tmp_path):
+    assert sweep_plan(tmp_path, ["adapter=sweep", "lora.rank=4"], ["adapter=sweep", "lora.rank=8"]) == [
+        [("sweep__lora.rank-4", "sweep__lora.rank-4")], [("sweep__lora.rank-8", "sweep__lora.rank-8")],
+    ]
+    grid = sweep_plan(tmp_path, *(["adapter=sweep", f"lora.rank={r}", f"grpo.lr={lr}"] for r in (4, 8) for lr in ("1e-3", "2e-3")))
+    assert [name for [(name, _)] in grid] == [
+        "sweep__grpo.lr-0.001__lora.rank-4", "sweep__grpo.lr-0.002__lora.rank-4",
+        "sweep__grpo.lr-0.001__lora.rank-8", "sweep__grpo.lr-0.002__lora.rank-8",
+    ]
+    # adapters named apart already keep their names
+    assert sweep_plan(tmp_path, ["adapter=a", "lora.rank=4"], ["adapter=b", "lora.rank=8"]) == [[("a", "a")], [("b", "b")]]
+
+
+def test_a_worker_failure_of_any_kind_is_one_line():
+    from ray.train import WorkerGroupError
+
+    shapes = RuntimeError("Error(s) in loading state_dict for PeftModelForCausalLM:\n\tsize mismatch for lora_A: [4, 64] vs [8, 64]")
+    error = train.training_error(WorkerGroupError("[Rank 0 Error Snippet]: ...", {0: shapes}), TrainJob("skill", None, "out"))
+    assert isinstance(error, TraceRayError) and "\n" not in str(error)
+    assert str(error).startswith("training skill failed: RuntimeError: Error(s) in loading state_dict for PeftModelForCausalLM:")
+    assert "the worker's traceback is in the Ray logs" in str(error)
+
+
+SWEEP = [
+    "train_on=env", "env=device", "model=tiny_random", "adapter=sweep", "lora.rank=4,8", "grpo.iterations=1",
+    "grpo.group_size=2", "grpo.groups_per_batch=1", "grpo.max_resample_batches=0", "model.sampling.max_new_tokens=6",
+]
+
+
+def test_a_lora_rank_sweep_trains_an_adapter_of_each_rank_and_a_rerun_resumes_them(tmp_path):
+    """``trace-ray train -m ... lora.rank=4,8`` in a fresh process, twice (the second job used to die with the first
+    job's thread, which had started the local Ray, with exit status 1 and no message)."""
+    command = [sys.executable, "-m", "trace_ray.cli", "train", "-m", f"run_dir={tmp_path}", *SWEEP]
+    folders = {rank: tmp_path / "adapters" / f"sweep__lora.rank-{rank}" for rank in (4, 8)}
+    started = {}
+    for attempt in range(2):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        for rank, folder in folders.items():
+            assert f"-> {folder}" in done.stdout  # the console says where each adapter went
+            assert json.loads((folder / "adapter_config.json").read_text())["r"] == rank
+            [row] = metrics_of(tmp_path, folder.name)
+            assert started.setdefault(rank, row["started_at"]) == row["started_at"]  # the rerun trained nothing again
+    runs = sorted(path.name for path in (tmp_path / "train_state").iterdir())
+    assert [run.rsplit("-", 1)[0] for run in runs] == ["grpo-sweep__lora.rank-4", "grpo-sweep__lora.rank-8"]
 
 
 # -- bad inputs ----------------------------------------------------------------------------------------
@@ -279,8 +411,6 @@ def test_no_trainable_capability_names_the_cause_and_both_fixes(tmp_path, capsys
 
 
 def test_training_error_unwraps_a_worker_error():
-    from trace_ray.training.train_loop import TrainJob
-
     wrapped = RuntimeError("worker group failed")
     wrapped.__cause__ = TraceRayError("rollout worker 0 failed to load adapter")
     job = TrainJob("skill", None, "out")

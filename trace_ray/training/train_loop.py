@@ -7,9 +7,14 @@ Per iteration:
    (dynamic sampling: up to ``grpo.max_resample_batches`` more batches until
    ``grpo.min_informative_groups`` groups have unequal rewards) and turns the
    informative groups into training rows; an iteration with none is skipped;
-2. the rows are broadcast and sharded: every rank holds the same number, so
-   DDP ranks take the same optimizer steps; gradients of the LoRA parameters
-   are all-reduced by DDP (gloo on CPU, NCCL on GPU);
+2. the rows reach the other ranks through the Ray object store: rank 0 puts
+   the batch (rows, seed cursor, metrics) there and posts its reference to the
+   job's :class:`BatchMailbox` actor, which the other ranks poll while rank 0
+   collects, so no rank waits in a gloo/NCCL collective for the rollouts (a
+   collective's timeout, ``trainer.collective_timeout_s``, then bounds only the
+   update's own collectives). The rows are sharded: every rank holds the same
+   number, so DDP ranks take the same optimizer steps; gradients of the LoRA
+   parameters are all-reduced by DDP (gloo on CPU, NCCL on GPU);
 3. ``grpo.ppo_epochs`` passes of ``grpo.mini_batch_size`` trajectories per
    step: the clipped surrogate against the behavior log-probs recorded at
    sampling (plus the optional KL to the base, the adapter disabled), on
@@ -45,6 +50,7 @@ from trace_ray.training.lora_model import (
 )
 
 CHECKPOINT_FILES = ("adapter.pt", "optimizer.pt", "state.json", "rng.pt")
+MAILBOX_POLL_S = 0.5  # how often ranks 1..N ask the mailbox for rank 0's batch
 
 
 @dataclass
@@ -127,13 +133,49 @@ def batch_fits(grpo: GRPOConfig, history: list[dict[str, Any]], extra: int = 0) 
     return spent + grpo.group_size * grpo.groups_per_batch <= grpo.max_rollouts
 
 
-def broadcast(value: Any, rank: int, world_size: int) -> Any:
-    """Rank 0's ``value`` on every rank."""
-    if world_size == 1:
-        return value
-    holder = [value if rank == 0 else None]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return holder[0]
+class BatchMailbox:
+    """Where rank 0 posts each iteration's batch for the other ranks of one training job.
+
+    The driver runs it as a Ray actor (no CPU) beside each multi-worker job. A
+    batch is posted as ``[ObjectRef]``: in a list, so Ray hands on the reference,
+    and the batch itself stays in the object store. It is dropped once each of
+    the ``readers`` ranks has taken it.
+    """
+
+    def __init__(self, readers: int):
+        self.readers = readers
+        self.posted: dict[int, list] = {}  # iteration -> [the batch's ObjectRef]
+        self.taken: dict[int, int] = {}  # iteration -> ranks that took it
+
+    def post(self, iteration: int, batch: list) -> None:
+        self.posted[iteration] = batch
+
+    def take(self, iteration: int) -> list | None:
+        """The batch of ``iteration``; None while rank 0 has not posted it."""
+        batch = self.posted.get(iteration)
+        if batch is not None:
+            self.taken[iteration] = self.taken.get(iteration, 0) + 1
+            if self.taken[iteration] == self.readers:
+                del self.posted[iteration], self.taken[iteration]
+        return batch
+
+
+def hand_out(payload: Any, iteration: int, rank: int, mailbox) -> Any:
+    """Rank 0's ``payload`` of ``iteration`` on every rank (``mailbox`` None: rank 0 is the only one).
+
+    The other ranks poll the mailbox every ``MAILBOX_POLL_S`` instead of waiting in a collective,
+    however long rank 0's rollouts take.
+    """
+    import ray
+
+    if mailbox is None:
+        return payload
+    if rank == 0:
+        ray.get(mailbox.post.remote(iteration, [ray.put(payload)]))
+        return payload
+    while (posted := ray.get(mailbox.take.remote(iteration))) is None:
+        time.sleep(MAILBOX_POLL_S)
+    return ray.get(posted[0])
 
 
 # -- every rank: the update -----------------------------------------------------------------------
@@ -279,12 +321,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
         with checkpoint.as_directory() as folder:
             state = load_checkpoint(Path(folder), policy, optimizer)
 
-    rollouts = TrainingRollouts(config, job) if rank == 0 else None
-    log = TrainingLog(Path(job.output)) if rank == 0 else None
-    if rank == 0:
-        rollouts.sync(policy, state.iteration)
-        log.write(state.history)
     stop = state.iteration >= grpo.iterations or not batch_fits(grpo, state.history)
+    # a finished run (resumed from its last checkpoint) only exports its adapter: no rollout workers
+    rollouts = TrainingRollouts(config, job) if rank == 0 and not stop else None
+    log = TrainingLog(Path(job.output)) if rank == 0 else None
+    if rollouts is not None:
+        rollouts.sync(policy, state.iteration)
+    if rank == 0:
+        log.write(state.history)
     while not stop:
         iteration = state.iteration + 1
         if rank == 0:
@@ -293,7 +337,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             rows = training_rows(groups, grpo.advantage, grpo.advantage_eps, grpo.max_tokens_per_trajectory)
             metrics = dict(iteration_metrics(iteration, summarize_groups(groups), rollout_s), started_at=started_at)
             payload = {"rows": rows, "cursor": cursor, "metrics": metrics}
-        payload = broadcast(payload if rank == 0 else None, rank, world_size)
+        payload = hand_out(payload if rank == 0 else None, iteration, rank, loop_config["mailbox"])
         state.seed_cursor = payload["cursor"]
         metrics = dict(payload["metrics"], skipped=not payload["rows"])
         started = time.perf_counter()

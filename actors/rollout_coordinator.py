@@ -95,7 +95,10 @@ def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool
     from actors.adapter_registry import AdapterRegistry
     from actors.rollout_worker import RolloutWorker
 
+    from trace_ray.resources import check_rollout_pool, cluster_nodes, rollout_roles, wait_ready
+
     rollout = config.rollout
+    check_rollout_pool(config, cluster_nodes())
     threads = rollout.worker_threads or max(1, (os.cpu_count() or 1) // rollout.num_workers)
     registry = ray.remote(num_cpus=0)(AdapterRegistry).remote()
     worker_class = ray.remote(max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES, max_concurrency=WORKER_CONCURRENCY)(RolloutWorker)
@@ -106,7 +109,7 @@ def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool
         for _ in range(rollout.num_workers)
     ]
     env_actors = start_env_actors(config, env or config.env)
-    ray.get([worker.health.remote() for worker in workers])
+    wait_ready([worker.health.remote() for worker in workers], "rollout workers", rollout_roles(config)[:1], config.ray.placement_timeout_s)
     return RolloutPool(workers, env_actors, registry)
 
 
@@ -115,12 +118,13 @@ def start_env_actors(config: TraceConfig, env: EnvConfig) -> list:
     import ray
 
     from actors.environment_actor import EnvironmentActor
+    from trace_ray.resources import rollout_roles, wait_ready
 
     rollout = config.rollout
     env_class = ray.remote(max_restarts=-1, max_task_retries=0)(EnvironmentActor)
     env_actors = [env_class.options(num_cpus=rollout.env_actor_cpus).remote(env) for _ in range(rollout.num_env_actors)]
     try:
-        ray.get([actor.ping.remote() for actor in env_actors])
+        wait_ready([actor.ping.remote() for actor in env_actors], "environment actors", rollout_roles(config)[1:], config.ray.placement_timeout_s)
     except ray.exceptions.RayActorError as exc:
         raise task_error(exc) from None
     return env_actors

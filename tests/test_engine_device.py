@@ -18,7 +18,7 @@ def test_the_model_goes_to_the_gpu_only_when_this_process_was_given_one(cuda_ava
 
 @pytest.mark.parametrize(
     "setting, device, dtype",
-    [("auto", "cuda", torch.bfloat16), ("auto", "cpu", torch.float32), ("float32", "cuda", torch.float32), ("bfloat16", "cpu", torch.bfloat16)],
+    [("auto", "cuda", torch.bfloat16), ("auto", "cuda:1", torch.bfloat16), ("auto", "cpu", torch.float32), ("float32", "cuda", torch.float32), ("bfloat16", "cpu", torch.bfloat16)],
 )
 def test_auto_is_bf16_on_the_gpu_and_float32_on_the_cpu_and_a_named_dtype_is_kept(setting, device, dtype):
     assert model_dtype(setting, device) is dtype
@@ -30,3 +30,13 @@ def test_the_device_follows_the_gpus_ray_assigned_not_the_gpus_visible(monkeypat
     monkeypatch.setattr(ray, "is_initialized", lambda: ray_running)
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: gpu_ids)
     assert assigned_device() == device
+
+
+def test_the_trainer_loads_dtype_auto_as_float32_on_the_cpu():
+    from trace_ray.cli import compose_config
+    from trace_ray.training.lora_model import trainable_model
+
+    config = compose_config("train", ["model=tiny_random", "model.dtype=auto"])
+    policy, _ = trainable_model(config.model, config.lora, config.seed, device="cpu")
+    assert {parameter.dtype for parameter in policy.parameters()} == {torch.float32}
+    assert {parameter.device.type for parameter in policy.parameters()} == {"cpu"}

@@ -98,6 +98,35 @@ def test_micro_batches_shared_prefixes_and_checkpointing_give_the_same_steps(set
         assert other_metrics["forward_tokens"] == single_metrics["forward_tokens"] - (2 * 6 + 1 * 3) * config.grpo.ppo_epochs
 
 
+def shifted(rows, by):
+    """``rows`` as an engine whose recorded log-probs are ``by`` lower than the trainer's would give them."""
+    return [dataclasses.replace(row, logprobs=[lp - by if m else lp for lp, m in zip(row.logprobs, row.action_mask)]) for row in rows]
+
+
+@pytest.mark.parametrize("old_logprobs", ["engine", "trainer"])
+def test_the_engine_trainer_gap_is_logged_and_trainer_old_logprobs_remove_it_from_the_ratio(old_logprobs):
+    """Recorded log-probs 0.3 below the trainer's: both modes report the gap; with ``engine`` the ratio starts at
+    exp(0.3) = 1.35 and clipping acts on the first step, with ``trainer`` the step is that of exact recorded log-probs."""
+    def step(rows, mode):
+        config = tiny_config("grpo.mini_batch_size=4", "grpo.lr=1e-2", "grpo.temperature=1.0", f"grpo.old_logprobs={mode}")
+        policy, _ = trainable_model(config.model, config.lora, seed=0)
+        metrics = run_update(config, policy, rows(policy), torch.optim.SGD)
+        return {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}, metrics
+
+    def rows(policy, by=0.0):
+        return shifted(teacher_forced_rows(policy, [1.0, -1.0, 1.0, -1.0], group=0), by)
+
+    weights, metrics = step(lambda policy: rows(policy, by=0.3), old_logprobs)
+    assert abs(metrics["old_logprob_gap"] - 0.3) < 1e-4 and abs(metrics["old_logprob_gap_max"] - 0.3) < 1e-4
+    exact, exact_metrics = step(rows, "engine")
+    assert exact_metrics["old_logprob_gap"] < 1e-5 and exact_metrics["clip_fraction"] == 0.0
+    if old_logprobs == "engine":
+        assert metrics["clip_fraction"] > 0.0  # the ratio's start at 1.35 is past 1 + clip_eps
+    else:
+        assert metrics["clip_fraction"] == 0.0
+        assert all(torch.allclose(weights[n], exact[n], atol=1e-6) for n in exact)
+
+
 def test_recorded_sampling_logprobs_give_ratio_one():
     """The engine's behavior log-probs and the trainer's agree, so the ratio starts at 1 and clipping can act later."""
     config = tiny_config()

@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trace_ray.errors import TraceRayError
 
 MODEL_SOURCES = ("embedded", "random_init", "path")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU, float32 on a CPU
 TOOL_FORMATS = ("auto", "native", "text")
 SPLITS = ("analysis", "eval")
 ENGINES = ("hf", "vllm")
@@ -124,6 +124,7 @@ class EngineConfig:
 class RayConfig:
     address: Optional[str] = None
     num_cpus: Optional[int] = None
+    placement_timeout_s: Optional[float] = None  # how long actors may take to come up before the job fails (null: no limit)
 
 
 @dataclass
@@ -223,6 +224,7 @@ class GRPOConfig:
     mini_batch_size: int = MISSING
     max_tokens_per_micro_batch: int = MISSING  # tokens one forward/backward pass runs (shared prefixes counted once)
     shared_prefix: bool = MISSING  # a group's common prompt encoded once per micro-batch (the same log-probs and gradients)
+    old_logprobs: str = MISSING  # engine: the ratio's old policy is the log-probs recorded at sampling; trainer: recomputed
     clip_eps: float = MISSING
     clip_eps_high: Optional[float] = None
     kl_coef: float = MISSING
@@ -440,6 +442,8 @@ def validate(config: TraceConfig) -> TraceConfig:
         value = getattr(config.pipeline, key)
         _require(value is None or value >= 1, f"pipeline.{key} must be >= 1 or null, got {value}")
     _validate_serve(config.serve)
+    timeout = config.ray.placement_timeout_s
+    _require(timeout is None or timeout > 0, f"ray.placement_timeout_s must be > 0 seconds or null, got {timeout}")
     _require(config.train_on in ("capabilities", "env"), f"train_on={config.train_on!r} is not one of capabilities, env")
     from trace_ray.capabilities.aggregation import SelectionSettings
 
@@ -559,6 +563,7 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
         _require(getattr(grpo, key) >= 1, f"grpo.{key} must be >= 1, got {getattr(grpo, key)}")
     _require(grpo.group_size >= 2, f"grpo.group_size must be >= 2 (advantages compare rollouts of one seed), got {grpo.group_size}")
     _require(grpo.advantage in ("std", "mean"), f"grpo.advantage={grpo.advantage!r} is not one of std, mean")
+    _require(grpo.old_logprobs in ("engine", "trainer"), f"grpo.old_logprobs={grpo.old_logprobs!r} is not one of engine, trainer")
     _require(grpo.temperature > 0, f"grpo.temperature must be > 0 (GRPO samples), got {grpo.temperature}")
     _require(0 < grpo.clip_eps < 1, f"grpo.clip_eps must be in (0, 1), got {grpo.clip_eps}")
     _require(grpo.clip_eps_high is None or grpo.clip_eps_high > 0, f"grpo.clip_eps_high must be > 0 or null, got {grpo.clip_eps_high}")

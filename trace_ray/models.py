@@ -138,9 +138,10 @@ def model_device(cuda_available: bool, gpu_assigned: bool) -> str:
 
 
 def model_dtype(setting: str, device: str) -> torch.dtype:
-    """``model.dtype`` on ``device``: ``auto`` is bfloat16 on cuda and float32 on cpu; a named dtype is itself."""
+    """``model.dtype`` on ``device`` (``cuda``, ``cuda:1``, ``cpu``): ``auto`` is bfloat16 on a GPU and float32 on
+    the CPU; a named dtype is itself."""
     if setting == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     return _DTYPES[setting]
 
 

@@ -43,6 +43,7 @@ from trace_ray.config import GRPOConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import synthetic_env_config
 from trace_ray.errors import TraceRayError
+from trace_ray.resources import cluster_nodes, cluster_summary, fit_training, training_roles
 from trace_ray.run_manifest import config_values, digest, tree_hash
 from trace_ray.training.train_loop import BatchMailbox, TrainJob
 from trace_ray.training.training_log import read_metrics
@@ -114,12 +115,22 @@ def train_jobs(config: TraceConfig) -> list[TrainJob]:
 
 def job_resources(config: TraceConfig) -> dict[str, float]:
     """The CPUs and GPUs one training job holds: its Ray Train workers, rollout workers and environment actors."""
-    trainer, rollout = config.trainer, config.rollout
-    return {
-        "CPU": trainer.num_workers * trainer.cpus_per_worker + rollout.num_workers * rollout.worker_cpus
-        + rollout.num_env_actors * rollout.env_actor_cpus,
-        "GPU": trainer.num_workers * int(trainer.use_gpu) + rollout.num_workers * rollout.worker_gpus,
-    }
+    roles = training_roles(config)
+    return {"CPU": sum(role.count * role.cpus for role in roles), "GPU": sum(role.count * role.gpus for role in roles)}
+
+
+def fit_cluster(config: TraceConfig) -> TraceConfig:
+    """``config`` as the cluster can place its training job (one line on what was lowered); raises when it cannot."""
+    nodes = cluster_nodes()
+    fitted = fit_training(config, nodes)
+    before, after = config.trainer.cpus_per_worker, fitted.trainer.cpus_per_worker
+    if after != before:
+        console.print(
+            f"trainer.cpus_per_worker={before:g} lowered to {after:g}: the training job asks for {job_resources(config)['CPU']:g} "
+            f"CPUs, the cluster has {cluster_summary(nodes)}; the Ray Train workers share cores with the rollout workers, "
+            "which take turns with them", soft_wrap=True,
+        )
+    return fitted
 
 
 def concurrent_slots(requested: int, jobs: int, need: dict[str, float], available: dict[str, float]) -> int:
@@ -272,6 +283,7 @@ def train_all(config: TraceConfig, jobs: list[TrainJob]) -> None:
     # on the main thread: Ray kills a local cluster's processes when the thread that started them ends (Linux's
     # parent-death signal), and a job thread ends with its job, taking the next job's Ray down without a word
     connect_ray(config)
+    config = fit_cluster(config)
     slots = 1
     if config.trainer.concurrent_jobs > 1 and len(jobs) > 1:
         need = job_resources(config)

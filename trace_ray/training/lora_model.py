@@ -19,13 +19,14 @@ def peft_settings(lora: LoRAConfig) -> dict:
     }
 
 
-def trainable_model(model: ModelConfig, lora: LoRAConfig, seed: int):
-    """(PEFT model with a fresh adapter ``default``, tokenizer); every rank with the same seed starts identical."""
+def trainable_model(model: ModelConfig, lora: LoRAConfig, seed: int, device: str = "cpu"):
+    """(PEFT model on ``device`` with a fresh adapter ``default``, tokenizer); every rank with the same seed starts
+    identical. ``model.dtype=auto`` is bfloat16 on a GPU, float32 on the CPU."""
     from peft import LoraConfig, get_peft_model
 
     from trace_ray.models import load_model
 
-    network, tokenizer = load_model(model)
+    network, tokenizer = load_model(model, device)
     for parameter in network.parameters():
         parameter.requires_grad_(False)
     with torch.random.fork_rng(devices=[]):

@@ -16,9 +16,10 @@ Per iteration:
    number, so DDP ranks take the same optimizer steps; gradients of the LoRA
    parameters are all-reduced by DDP (gloo on CPU, NCCL on GPU);
 3. ``grpo.ppo_epochs`` passes of ``grpo.mini_batch_size`` trajectories per
-   step: the clipped surrogate against the behavior log-probs recorded at
-   sampling (plus the optional KL to the base, the adapter disabled), on
-   log-probs of the action tokens only, each group's shared prompt encoded
+   step: the clipped surrogate against the old policy's log-probs (recorded
+   at sampling, or recomputed by the trainer: ``grpo.old_logprobs``; their
+   gap is logged every iteration), plus the optional KL to the base (the
+   adapter disabled), on log-probs of the action tokens only, each group's shared prompt encoded
    once per micro-batch (``action_logprobs.py``);
 4. rank 0 publishes the new adapter version to every rollout worker and
    verifies it (``weight_sync.py``); a checkpoint is reported every
@@ -202,15 +203,28 @@ def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConf
     over its trajectories, is weighted by its share of the minibatch, so the
     gradient is that of the mean over the minibatch's trajectories. DDP
     all-reduces the gradients on the minibatch's last backward only.
+
+    The ratio's old policy is the engine's log-probs recorded at sampling
+    (``grpo.old_logprobs=engine``) or the trainer's own, recomputed before the
+    first step (``trainer``: no bf16-engine or kernel difference in the ratio,
+    one more forward pass). Either way ``old_logprob_gap`` (mean) and
+    ``old_logprob_gap_max`` measure |trainer - engine| per action token with
+    the weights the rollouts used: over every row with ``trainer``, over the
+    first minibatch (before its step) with ``engine``.
     """
     grpo = config.grpo
     parameters = lora_parameters(policy)
     totals: dict[str, float] = {"clip_fraction": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl_to_base": 0.0, "loss": 0.0, "grad_norm": 0.0}
     rows_seen, steps, tokens, forward_tokens = 0, 0, 0, 0
+    gaps: list[torch.Tensor] = []  # |trainer - engine| per action token, the rollouts' weights
+    trainer_old = trainer_logprobs(scorer, rows, grpo) if grpo.old_logprobs == "trainer" else None
+    if trainer_old is not None:
+        gaps += [(trainer_old[i] - engine_logprobs(row, trainer_old[i].device)).abs() for i, row in enumerate(rows)]
     for _ in range(grpo.ppo_epochs):
         for indices in minibatches(len(rows), grpo.mini_batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
-            chosen = sorted((rows[i] for i in indices.tolist()), key=lambda row: row.group)
+            order = sorted(indices.tolist(), key=lambda i: rows[i].group)
+            chosen = [rows[i] for i in order]
             scored = [scored_row(row) for row in chosen]
             packs = pack_micro_batches(scored, grpo.max_tokens_per_micro_batch, grpo.shared_prefix)
             for position, pack in enumerate(packs):
@@ -221,7 +235,12 @@ def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConf
                 share = len(part) / len(chosen)
                 with sync_context:
                     new, entropy = scorer(part, shared_prefix=grpo.shared_prefix)
-                    old = torch.tensor([row.logprobs[t] for row, s in zip(part_rows, part) for t in s.actions], device=new.device)
+                    if trainer_old is None:
+                        old = torch.cat([engine_logprobs(row, new.device) for row in part_rows])
+                        if steps == 0:  # the weights the rollouts used
+                            gaps.append((new.detach() - old).abs())
+                    else:
+                        old = torch.cat([trainer_old[order[i]] for i in pack])
                     mask = per_row(torch.ones_like(new), counts)
                     advantages = torch.tensor([row.advantage for row in part_rows], device=new.device)
                     new_rows = per_row(new, counts)
@@ -245,7 +264,34 @@ def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConf
             steps += 1
     metrics = {key: value / max(1, rows_seen) for key, value in totals.items() if key != "grad_norm"}
     metrics.update(grad_norm=totals["grad_norm"] / max(1, steps), optimizer_steps=steps, trained_tokens=tokens, forward_tokens=forward_tokens)
+    gap = torch.cat(gaps) if gaps else torch.zeros(0)
+    metrics.update(old_logprob_gap=float(gap.mean()) if gap.numel() else 0.0, old_logprob_gap_max=float(gap.max()) if gap.numel() else 0.0)
     return metrics
+
+
+def engine_logprobs(row: TrainingRow, device: torch.device) -> torch.Tensor:
+    """The log-probs the engine recorded for ``row``'s action tokens at sampling."""
+    return torch.tensor([row.logprobs[t] for t, flag in enumerate(row.action_mask) if flag], dtype=torch.float32, device=device)
+
+
+@torch.no_grad()
+def trainer_logprobs(scorer, rows: list[TrainingRow], grpo: GRPOConfig) -> list[torch.Tensor]:
+    """The policy's own log-probs of each row's action tokens before the update (``grpo.old_logprobs=trainer``),
+    in eval mode (no dropout), micro-batched like the update."""
+    order = sorted(range(len(rows)), key=lambda i: rows[i].group)
+    scored = [scored_row(rows[i]) for i in order]
+    result: list[torch.Tensor] = [torch.zeros(0)] * len(rows)
+    was_training = scorer.training
+    scorer.eval()
+    try:
+        for pack in pack_micro_batches(scored, grpo.max_tokens_per_micro_batch, grpo.shared_prefix):
+            part = [scored[i] for i in pack]
+            logprobs = scorer(part, shared_prefix=grpo.shared_prefix)[0].float()
+            for i, values in zip(pack, torch.split(logprobs, [len(row.actions) for row in part])):
+                result[order[i]] = values
+    finally:
+        scorer.train(was_training)
+    return result
 
 
 def replica_difference(policy, world_size: int) -> float:
@@ -310,8 +356,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # update may use the machine's cores (Ray would pin a fractional-CPU worker to one thread)
     torch.set_num_threads(config.trainer.torch_threads or max(1, (os.cpu_count() or 1) // world_size))
 
-    policy, _ = trainable_model(config.model, config.lora, config.seed)
-    policy.to(ray.train.torch.get_device())
+    policy, _ = trainable_model(config.model, config.lora, config.seed, device=str(ray.train.torch.get_device()))
     scorer = ActionLogprobs(policy, grpo.temperature, config.trainer.gradient_checkpointing)
     scorer = ray.train.torch.prepare_model(scorer) if world_size > 1 else scorer
     optimizer = torch.optim.AdamW(lora_parameters(policy), lr=grpo.lr, weight_decay=grpo.weight_decay)

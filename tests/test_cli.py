@@ -43,6 +43,9 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
         (["split=eval,analysis"], "add -m to sweep"),
         (["grpo.max_rollouts=3"], "grpo.max_rollouts=3 is below one batch (group_size x groups_per_batch = 64)"),
         (["trainer.collective_timeout_s=0"], "trainer.collective_timeout_s must be > 0 seconds, got 0"),
+        (["trainer.strategy=zero3"], "trainer.strategy='zero3' is not one of ddp, fsdp"),
+        (["ray.placement_timeout_s=0"], "ray.placement_timeout_s must be > 0 seconds or null, got 0"),
+        (["grpo.old_logprobs=vllm"], "grpo.old_logprobs='vllm' is not one of engine, trainer"),
         (["engine=vllm", "engine.tensor_parallel_size=2", "rollout.worker_gpus=1"],
          "rollout.worker_gpus=1 does not match engine.tensor_parallel_size=2: each rollout worker runs one vLLM engine "
          "on tensor_parallel_size GPUs; set rollout.worker_gpus=2"),
@@ -71,6 +74,14 @@ def test_bad_config_is_one_clear_error(overrides, message):
 )
 def test_vllm_settings_that_fit_are_accepted(overrides):
     compose_config("train", overrides)
+
+
+def test_the_qwen3_30b_preset_shards_training_and_spans_two_gpus_per_engine_on_the_a100_cluster():
+    config = compose_config("train", ["model=qwen3_30b_a3b", "cluster=a100_qwen3_30b_a3b"])
+    assert (config.trainer.strategy, config.trainer.concurrent_jobs, config.trainer.use_gpu) == ("fsdp", 1, True)
+    assert (config.engine.name, config.engine.tensor_parallel_size, config.rollout.worker_gpus) == ("vllm", 2, 2)
+    assert config.ray.address == "auto" and config.trainer.gradient_checkpointing  # the rest from a100_multinode
+    assert compose_config("train", ["cluster=a100_multinode"]).trainer.strategy == "ddp"
 
 
 def test_multirun_expands_sweeps_like_hydra():

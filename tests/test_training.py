@@ -255,6 +255,25 @@ def test_resumed_run_ends_with_the_same_adapter_as_an_uninterrupted_one(tmp_path
     assert any(expected[key].abs().max() > 1e-2 for key in expected)  # and the adapter really moved
 
 
+def test_fsdp_workers_train_and_resume_to_the_adapter_of_ddp_workers(tmp_path, ray_session):
+    """Two workers sharding the base and adapter (FSDP, per-parameter) and stopped after iteration 1, then resumed from
+    their gathered checkpoint, end where two DDP replicas trained without a stop end."""
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    two = ("adapter=parity", "trainer.num_workers=2")
+    train.run(parity_config(ddp, "grpo.iterations=2", *two, "trainer.strategy=ddp"))
+    train.run(parity_config(fsdp, "grpo.iterations=1", *two, "trainer.strategy=fsdp"))
+    train.run(parity_config(fsdp, "grpo.iterations=2", *two, "trainer.strategy=fsdp"))
+    sharded = metrics_of(fsdp)
+    assert [row["iteration"] for row in sharded] == [1, 2] and "replica_max_diff" not in sharded[-1]
+    assert [row["reward_mean"] for row in sharded] == [row["reward_mean"] for row in metrics_of(ddp)]
+    expected = load_file(ddp / "adapters" / "parity" / "adapter_model.safetensors")
+    resumed = load_file(fsdp / "adapters" / "parity" / "adapter_model.safetensors")
+    assert expected.keys() == resumed.keys()
+    assert all(expected[key].shape == resumed[key].shape for key in expected)  # whole tensors, not one worker's shard
+    assert all(torch.allclose(expected[key], resumed[key], rtol=0, atol=1e-4) for key in expected)
+    assert any(expected[key].abs().max() > 1e-2 for key in expected)
+
+
 def test_changed_settings_in_one_run_dir_start_afresh_instead_of_resuming(tmp_path, ray_session):
     train.run(parity_config(tmp_path, "grpo.iterations=1", "adapter=parity"))
     [first] = metrics_of(tmp_path)

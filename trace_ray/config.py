@@ -19,6 +19,7 @@ from trace_ray.errors import TraceRayError
 MODEL_SOURCES = ("embedded", "random_init", "path")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU, float32 on a CPU
 TOOL_FORMATS = ("auto", "native", "text")
+STRATEGIES = ("ddp", "fsdp")  # trainer.strategy: how the Ray Train workers hold the policy (training/parallel.py)
 SPLITS = ("analysis", "eval")
 ENGINES = ("hf", "vllm")
 LABELERS = ("rules", "llm", "precomputed")
@@ -257,6 +258,7 @@ class TrainerConfig:
     concurrent_jobs: int = MISSING  # capability adapters trained at once, as far as the cluster's resources allow
     storage_path: Optional[str] = None
     gradient_checkpointing: bool = MISSING  # recompute each prefix group's activations in backward instead of keeping them
+    strategy: str = MISSING  # ddp: whole replicas; fsdp: the base and adapter sharded across the workers
     collective_timeout_s: int = MISSING  # gloo/NCCL operations of the update (rollout batches do not wait in one)
 
 
@@ -585,6 +587,7 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     _require(trainer.num_workers >= 1 and trainer.cpus_per_worker > 0, "trainer.num_workers must be >= 1 and trainer.cpus_per_worker > 0")
     _require(trainer.torch_threads is None or trainer.torch_threads >= 1, f"trainer.torch_threads must be >= 1 or null, got {trainer.torch_threads}")
     _require(trainer.concurrent_jobs >= 1, f"trainer.concurrent_jobs must be >= 1, got {trainer.concurrent_jobs}")
+    _require(trainer.strategy in STRATEGIES, f"trainer.strategy={trainer.strategy!r} is not one of {', '.join(STRATEGIES)}")
     _require(trainer.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0 seconds, got {trainer.collective_timeout_s}")
 
 

@@ -152,12 +152,13 @@ def assigned_device() -> str:
     return model_device(torch.cuda.is_available(), ray.is_initialized() and bool(ray.get_gpu_ids()))
 
 
-def load_model(model: ModelConfig, device: str = "cpu"):
-    """(model in eval mode on ``device``, tokenizer) for the configured source."""
+def load_model(model: ModelConfig, device: str = "cpu", dtype: torch.dtype | None = None):
+    """(model in eval mode on ``device``, tokenizer) for the configured source, in ``dtype`` (None: ``model.dtype``
+    on ``device``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
     tokenizer = load_tokenizer(model)
-    dtype = model_dtype(model.dtype, device)
+    dtype = dtype or model_dtype(model.dtype, device)
     if model.source == "random_init":
         spec = model.random_init
         config = LlamaConfig(

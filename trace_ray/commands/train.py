@@ -54,7 +54,7 @@ POLL_S = 2.0
 RESUMABLE_GRPO_KEYS = ("iterations", "max_rollouts", "plateau_patience", "plateau_delta", "checkpoint_every")
 # the settings that shape an adapter (with its name and environment): a change starts another Ray Train run
 TRAINING_KEYS = (
-    "model", "lora", "seed", "rollout.max_episode_tokens",
+    "model", "lora", "seed", "rollout.max_episode_tokens", "trainer.strategy",
     *(f"grpo.{f.name}" for f in dataclasses.fields(GRPOConfig) if f.name not in RESUMABLE_GRPO_KEYS),
 )
 

@@ -15,8 +15,8 @@ recomputed in the backward pass rather than kept: memory holds no
 ``[tokens, vocabulary]`` tensor of the sequence. Prompt, tool-result and user
 tokens are never scored.
 
-The module wraps the PEFT policy so that DDP (``ray.train.torch.prepare_model``)
-wraps one ``forward`` that does all of this; ``reference=True`` scores with the
+The module wraps the PEFT policy so that DDP or FSDP (``parallel.py``) wraps
+one ``forward`` that does all of this; ``reference=True`` scores with the
 adapter disabled (the KL reference).
 """
 

@@ -19,14 +19,14 @@ def peft_settings(lora: LoRAConfig) -> dict:
     }
 
 
-def trainable_model(model: ModelConfig, lora: LoRAConfig, seed: int, device: str = "cpu"):
+def trainable_model(model: ModelConfig, lora: LoRAConfig, seed: int, device: str = "cpu", dtype: torch.dtype | None = None):
     """(PEFT model on ``device`` with a fresh adapter ``default``, tokenizer); every rank with the same seed starts
-    identical. ``model.dtype=auto`` is bfloat16 on a GPU, float32 on the CPU."""
+    identical. ``dtype`` (None: ``model.dtype`` on ``device``; ``auto`` is bfloat16 on a GPU, float32 on the CPU)."""
     from peft import LoraConfig, get_peft_model
 
     from trace_ray.models import load_model
 
-    network, tokenizer = load_model(model, device)
+    network, tokenizer = load_model(model, device, dtype)
     for parameter in network.parameters():
         parameter.requires_grad_(False)
     with torch.random.fork_rng(devices=[]):
@@ -40,11 +40,19 @@ def lora_parameters(peft_model) -> list[torch.nn.Parameter]:
     return [parameter for parameter in peft_model.parameters() if parameter.requires_grad]
 
 
+def lora_state(peft_model) -> dict[str, torch.Tensor]:
+    """The LoRA parameters by their names in the model, whole (FSDP shards gathered: every Ray Train worker calls it)."""
+    from trace_ray.training.parallel import whole
+
+    return {name: whole(parameter.detach()) for name, parameter in peft_model.named_parameters() if "lora_" in name}
+
+
 def adapter_weights(peft_model) -> dict[str, torch.Tensor]:
-    """The adapter's PEFT state dict on CPU (what rollout workers load)."""
+    """The adapter's PEFT state dict on CPU (what rollout workers load); every Ray Train worker calls it together."""
     from peft import get_peft_model_state_dict
 
-    return {key: tensor.detach().to("cpu").clone() for key, tensor in get_peft_model_state_dict(peft_model).items()}
+    state = get_peft_model_state_dict(peft_model, state_dict=lora_state(peft_model))
+    return {key: tensor.to("cpu").clone() for key, tensor in state.items()}
 
 
 def load_adapter_weights(peft_model, weights: dict[str, torch.Tensor]) -> None:
@@ -56,8 +64,9 @@ def load_adapter_weights(peft_model, weights: dict[str, torch.Tensor]) -> None:
         raise ValueError(f"checkpointed adapter weights fit no LoRA module: {unexpected[:3]}")
 
 
-def export_adapter(peft_model, folder: Path) -> None:
-    """A standard PEFT folder (adapter_config.json + adapter_model.safetensors) that peft and vLLM load.
+def export_adapter(peft_model, folder: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """A standard PEFT folder (adapter_config.json + adapter_model.safetensors) that peft and vLLM load; ``state``:
+    :func:`lora_state`, gathered beforehand by every worker when the model is sharded.
 
     The files are written to a scratch folder and moved into ``folder`` one by
     one, so a reader never sees a half-written file; other files in ``folder``
@@ -66,7 +75,9 @@ def export_adapter(peft_model, folder: Path) -> None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".export-", dir=folder) as scratch:
-        peft_model.save_pretrained(scratch, safe_serialization=True)
+        peft_model.save_pretrained(scratch, safe_serialization=True, state_dict={
+            name: tensor.to("cpu") for name, tensor in (state if state is not None else lora_state(peft_model)).items()
+        })
         for path in sorted(Path(scratch).iterdir()):
             if path.is_file():
                 os.replace(path, folder / path.name)

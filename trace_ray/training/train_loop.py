@@ -46,9 +46,11 @@ from trace_ray.config import EnvConfig, GRPOConfig, TraceConfig
 from trace_ray.training.action_logprobs import ActionLogprobs, ScoredRow, forward_cost, pack_micro_batches
 from trace_ray.training.grpo import kl_penalty, minibatches, policy_loss
 from trace_ray.training.groups import GroupSummary, TrainingRow, shard_rows, summarize_groups, training_rows
+from trace_ray.models import model_dtype
 from trace_ray.training.lora_model import (
-    adapter_weights, export_adapter, load_adapter_weights, lora_parameters, peft_settings, trainable_model,
+    adapter_weights, export_adapter, load_adapter_weights, lora_parameters, lora_state, peft_settings, trainable_model,
 )
+from trace_ray.training.parallel import distribute, is_sharded, load_optimizer_state, optimizer_state, whole
 
 CHECKPOINT_FILES = ("adapter.pt", "optimizer.pt", "state.json", "rng.pt")
 MAILBOX_POLL_S = 0.5  # how often ranks 1..N ask the mailbox for rank 0's batch
@@ -87,10 +89,11 @@ class TrainingRollouts:
         self.env = environment_maker(job.env)()  # for its train seeds
         self.lora_config = peft_settings(config.lora)
 
-    def sync(self, policy, version: int) -> float:
+    def sync(self, weights: dict[str, torch.Tensor], version: int) -> float:
+        """Publish the adapter's ``weights`` (:func:`adapter_weights`) as ``version`` to every rollout worker; seconds taken."""
         from trace_ray.training.weight_sync import sync_adapter
 
-        return sync_adapter(self.pool.workers, self.job.name, version, adapter_weights(policy), self.lora_config)
+        return sync_adapter(self.pool.workers, self.job.name, version, weights, self.lora_config)
 
     def collect(self, state: TrainState, version: int) -> tuple[list[list], int, float]:
         """Groups with the adapter at ``version``, with dynamic sampling; (groups, seed cursor after, seconds).
@@ -259,7 +262,7 @@ def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConf
                 rows_seen += len(part)
                 tokens += int(sum(counts))
                 forward_tokens += forward_cost(part, grpo.shared_prefix)
-            totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(parameters, grpo.max_grad_norm))
+            totals["grad_norm"] += float(whole(torch.nn.utils.clip_grad_norm_(parameters, grpo.max_grad_norm)))
             optimizer.step()
             steps += 1
     metrics = {key: value / max(1, rows_seen) for key, value in totals.items() if key != "grad_norm"}
@@ -310,25 +313,35 @@ def replica_difference(policy, world_size: int) -> float:
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
-def save_checkpoint(folder: Path, policy, optimizer, state: TrainState) -> None:
-    torch.save(adapter_weights(policy), folder / "adapter.pt")
-    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
-    (folder / "state.json").write_text(json.dumps(asdict(state), default=str))
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, folder / "rng.pt")
+@dataclass
+class Checkpoint:
+    """What a Ray Train checkpoint holds: the whole adapter and optimizer state (however the workers shard them)."""
 
+    adapter: dict[str, torch.Tensor]
+    optimizer: dict
+    state: TrainState
 
-def load_checkpoint(folder: Path, policy, optimizer) -> TrainState:
-    missing = [name for name in CHECKPOINT_FILES if not (folder / name).is_file()]
-    if missing:
-        raise RuntimeError(f"checkpoint {folder} lacks {', '.join(missing)}; delete it to start over")
-    load_adapter_weights(policy, torch.load(folder / "adapter.pt", weights_only=True))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    saved = json.loads((folder / "state.json").read_text())
-    saved["best_reward"] = float(saved["best_reward"])
-    rng = torch.load(folder / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    return TrainState(**saved)
+    def save(self, folder: Path) -> None:
+        torch.save(self.adapter, folder / "adapter.pt")
+        torch.save(self.optimizer, folder / "optimizer.pt")
+        (folder / "state.json").write_text(json.dumps(asdict(self.state), default=str))
+        torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, folder / "rng.pt")
+
+    @classmethod
+    def load(cls, folder: Path) -> Checkpoint:
+        """The saved checkpoint; restores the random generators as they were."""
+        missing = [name for name in CHECKPOINT_FILES if not (folder / name).is_file()]
+        if missing:
+            raise RuntimeError(f"checkpoint {folder} lacks {', '.join(missing)}; delete it to start over")
+        saved = json.loads((folder / "state.json").read_text())
+        saved["best_reward"] = float(saved["best_reward"])
+        rng = torch.load(folder / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        return cls(
+            torch.load(folder / "adapter.pt", weights_only=True), torch.load(folder / "optimizer.pt", weights_only=True),
+            TrainState(**saved),
+        )
 
 
 # -- the training function ------------------------------------------------------------------------
@@ -356,22 +369,33 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # update may use the machine's cores (Ray would pin a fractional-CPU worker to one thread)
     torch.set_num_threads(config.trainer.torch_threads or max(1, (os.cpu_count() or 1) // world_size))
 
-    policy, _ = trainable_model(config.model, config.lora, config.seed, device=str(ray.train.torch.get_device()))
+    device = ray.train.torch.get_device()
+    sharded = is_sharded(config.trainer.strategy, world_size)
+    # sharded, the whole model stays on the CPU: fully_shard moves each worker's shards to its device
+    policy, _ = trainable_model(
+        config.model, config.lora, config.seed, device="cpu" if sharded else str(device), dtype=model_dtype(config.model.dtype, str(device)),
+    )
+    restored = None
+    if (checkpoint := ray.train.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as folder:
+            restored = Checkpoint.load(Path(folder))
+        load_adapter_weights(policy, restored.adapter)
     scorer = ActionLogprobs(policy, grpo.temperature, config.trainer.gradient_checkpointing)
-    scorer = ray.train.torch.prepare_model(scorer) if world_size > 1 else scorer
+    scorer = distribute(scorer, config.trainer.strategy, world_size, device)
     optimizer = torch.optim.AdamW(lora_parameters(policy), lr=grpo.lr, weight_decay=grpo.weight_decay)
     state = TrainState()
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as folder:
-            state = load_checkpoint(Path(folder), policy, optimizer)
+    if restored is not None:
+        load_optimizer_state(scorer, optimizer, restored.optimizer, sharded)
+        state = restored.state
 
     stop = state.iteration >= grpo.iterations or not batch_fits(grpo, state.history)
     # a finished run (resumed from its last checkpoint) only exports its adapter: no rollout workers
     rollouts = TrainingRollouts(config, job) if rank == 0 and not stop else None
     log = TrainingLog(Path(job.output)) if rank == 0 else None
-    if rollouts is not None:
-        rollouts.sync(policy, state.iteration)
+    if not stop:
+        weights = adapter_weights(policy)  # every worker: a sharded adapter is gathered
+        if rollouts is not None:
+            rollouts.sync(weights, state.iteration)
     if rank == 0:
         log.write(state.history)
     while not stop:
@@ -390,11 +414,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
             generator = torch.Generator().manual_seed(config.seed * 1_000_003 + iteration)
             shard = shard_rows(payload["rows"], world_size, rank)
             metrics.update(update(scorer, policy, optimizer, shard, config, generator))
-            metrics["replica_max_diff"] = replica_difference(policy, world_size)
+            if not sharded:
+                metrics["replica_max_diff"] = replica_difference(policy, world_size)
         metrics["update_s"] = time.perf_counter() - started
         state.iteration = iteration
+        weights = adapter_weights(policy)
         if rank == 0:
-            metrics["sync_s"] = rollouts.sync(policy, state.iteration)
+            metrics["sync_s"] = rollouts.sync(weights, state.iteration)
         improved = metrics["reward_mean"] > state.best_reward + grpo.plateau_delta
         state.best_reward = max(state.best_reward, metrics["reward_mean"])
         state.since_best = 0 if improved else state.since_best + 1
@@ -406,14 +432,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if rank == 0:
             log.write(state.history)
         if stop or state.iteration % grpo.checkpoint_every == 0:
+            saved = Checkpoint(weights, optimizer_state(scorer, optimizer, sharded), state)
             with tempfile.TemporaryDirectory() as folder:
                 if rank == 0:
-                    save_checkpoint(Path(folder), policy, optimizer, state)
+                    saved.save(Path(folder))
                 ray.train.report(_reportable(metrics), checkpoint=ray.train.Checkpoint.from_directory(folder) if rank == 0 else None)
         else:
             ray.train.report(_reportable(metrics))
+    exported = lora_state(policy)  # every worker: a sharded adapter is gathered
     if rank == 0:
-        export_adapter(policy, Path(job.output))
+        export_adapter(policy, Path(job.output), exported)
         log.finish(state.history)
 
 

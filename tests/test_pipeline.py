@@ -18,7 +18,7 @@ from trace_ray.trajectory_store import TrajectoryStore
 MINIMAL = [
     "model=tiny_random", "lora.rank=4", "lora.alpha=8", "model.sampling.max_new_tokens=6",
     "samples_per_task=2", "pipeline.collect_limit=8", "pipeline.eval_limit=2", "pipeline.max_capabilities=1",
-    "labeler.runs=3", "selection.k=3", "synthesis.self_check_seeds=2", "synthesis.accept_out_of_band=true",
+    "labeler.runs=3", "selection.k=3", "synthesis.self_check_seeds=2", "synthesis.accept_out_of_band=true", "synthesis.train_without_signal=true",
     "calibration.group_size=2", "calibration.num_seeds=2", "calibration.max_rounds=1", "calibration.pass_at=[1,2]",
     "grpo.iterations=1", "grpo.group_size=2", "grpo.groups_per_batch=1", "grpo.max_resample_batches=0",
     "grpo.mini_batch_size=2", "trainer.cpus_per_worker=0.5", "router.train_limit=2",

@@ -129,6 +129,30 @@ def test_a_capability_with_no_level_in_band_is_out_of_band_with_its_nearest_leve
     assert "switching: OUT_OF_BAND, trained anyway (synthesis.accept_out_of_band=true)" in capsys.readouterr().out
 
 
+def test_synthesis_stops_once_enough_capabilities_are_trainable_and_one_without_grpo_signal_does_not_count(
+    tmp_path, templates, monkeypatch, capsys,
+):
+    """In the order given, until synthesis.stop_after are trainable: an OUT_OF_BAND environment whose every calibration
+    group scored 0 gives GRPO nothing to learn from, so it is neither counted nor trained, even when accepted."""
+    for name in ("unlearnable", "switching_b"):
+        monkeypatch.setitem(TEMPLATES, name, DeviceTemplate(name, "turn several settings on", switch_settings, (1, 2, 3), 1))
+
+    def rollouts(env, seeds, label):
+        return [[(0.0, False)] * 4 for _ in seeds] if env.capability == "unlearnable" else scripted_rollouts(env, seeds, label)
+
+    write_selection(tmp_path, "switching_b", "unlearnable", "switching")
+    overrides = ["synthesis.capabilities=[unlearnable,switching,switching_b]", "synthesis.stop_after=1", "synthesis.accept_out_of_band=true"]
+    synthesize.run(config_for(tmp_path, *overrides), rollouts=rollouts)
+    statuses = {e["name"]: e["status"] for e in json.loads((tmp_path / "capabilities" / "selected.json").read_text())}
+    assert statuses == {"unlearnable": "OUT_OF_BAND", "switching": "READY", "switching_b": "PENDING"}
+    assert "1 capabilities trainable (synthesis.stop_after): switching_b left PENDING" in capsys.readouterr().out
+    [job] = train.train_jobs(compose_config("train", [f"run_dir={tmp_path}", "model=tiny_random", "synthesis.accept_out_of_band=true"]))
+    assert job.name == "switching"
+    assert "unlearnable: OUT_OF_BAND, skipped, no GRPO signal (every calibration group scored alike;" in capsys.readouterr().out
+    with_it = compose_config("train", [f"run_dir={tmp_path}", "model=tiny_random", "synthesis.accept_out_of_band=true", "synthesis.train_without_signal=true"])
+    assert sorted(job.name for job in train.train_jobs(with_it)) == ["switching", "unlearnable"]
+
+
 def test_every_capability_failing_is_an_error(tmp_path, templates):
     write_selection(tmp_path, "hopeless")
     with pytest.raises(TraceRayError, match="no capability got an environment"):

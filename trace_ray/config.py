@@ -176,6 +176,8 @@ class SynthesisConfig:
     capabilities: Optional[list[str]] = None  # synthesize only these of selected.json (null: all)
     self_check_seeds: int = MISSING  # test seeds every self-check runs on
     accept_out_of_band: bool = MISSING  # train also capabilities whose calibration found no level in band
+    train_without_signal: bool = MISSING  # with accept_out_of_band: train also where every calibration group scored alike
+    stop_after: Optional[int] = None  # stop once this many capabilities are trainable, the rest left PENDING (null: all)
     # llm: an OpenAI-compatible endpoint and generation model, the variable holding its API key,
     # sampling temperature, modules generated per capability before giving up, failed trajectories
     # shown per capability (characters each), the answer's token limit, request timeout and tries,
@@ -283,7 +285,7 @@ class PipelineConfig:
     stages: Optional[list[str]] = None  # run only these stages (null: all)
     collect_limit: Optional[int] = None  # analysis tasks collected (null: the whole split)
     eval_limit: Optional[int] = None  # eval tasks routed and evaluated (null: the whole split)
-    max_capabilities: Optional[int] = None  # synthesize and train only the most covered ones (null: every selected one)
+    max_capabilities: Optional[int] = None  # train at most this many: synthesized most covered first until this many are trainable
     storage_path: Optional[str] = None  # mirror run_dir there after each stage (a path or s3://, gs://, hdfs:// URI)
 
 
@@ -440,6 +442,8 @@ def validate(config: TraceConfig) -> TraceConfig:
     _validate_router(config.router)
     _require(0 < config.evaluate.confidence < 1, f"evaluate.confidence must be in (0, 1), got {config.evaluate.confidence}")
     _require(bool(config.evaluate.grpo_baseline), "evaluate.grpo_baseline must name an adapter folder, e.g. grpo_on_target")
+    stop_after = config.synthesis.stop_after
+    _require(stop_after is None or stop_after >= 1, f"synthesis.stop_after must be >= 1 or null, got {stop_after}")
     for key in ("collect_limit", "eval_limit", "max_capabilities"):
         value = getattr(config.pipeline, key)
         _require(value is None or value >= 1, f"pipeline.{key} must be >= 1 or null, got {value}")

@@ -35,6 +35,21 @@ def read_selection(run_dir: Path, missing_hint: str = "run trace-ray identify ru
     return entries
 
 
+def has_signal(entry: dict[str, Any]) -> bool:
+    """Whether an OUT_OF_BAND entry's nearest level had a calibration group with unequal rewards (where every group
+    scored alike, GRPO has no advantage to follow)."""
+    nearest = entry.get("nearest_level") or {}
+    return nearest.get("all_zero_fraction", 0.0) + nearest.get("all_success_fraction", 0.0) < 1.0 - 1e-9
+
+
+def trainable(entry: dict[str, Any], accept_out_of_band: bool, without_signal: bool = False) -> bool:
+    """Whether the entry's environment is trained: READY; OUT_OF_BAND when accepted and it has a GRPO signal
+    (:func:`has_signal`) or ``without_signal`` allows it anyway."""
+    if entry.get("status") == READY:
+        return True
+    return entry.get("status") == OUT_OF_BAND and accept_out_of_band and (without_signal or has_signal(entry))
+
+
 def synthesized_entries(run_dir: Path) -> list[dict[str, Any]]:
     """The entries with an environment, READY or OUT_OF_BAND (none when there is no selection yet).
 

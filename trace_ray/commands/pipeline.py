@@ -45,12 +45,9 @@ def synthesized_capabilities(run_dir: Path) -> list[str]:
     return [entry["name"] for entry in synthesized_entries(run_dir)]
 
 
-def top_capabilities(run_dir: Path, count: int | None) -> list[str] | None:
-    """The ``count`` selected capabilities with the highest coverage (None: all)."""
-    if count is None:
-        return None
-    entries = read_selection(run_dir)
-    return [entry["name"] for entry in sorted(entries, key=lambda e: -e.get("mean_cov", 0.0))[:count]]
+def by_coverage(run_dir: Path) -> list[str]:
+    """The selected capabilities, the highest coverage first."""
+    return [entry["name"] for entry in sorted(read_selection(run_dir), key=lambda e: -e.get("mean_cov", 0.0))]
 
 
 def matched_budget(config: TraceConfig, run_dir: Path) -> dict[str, int]:
@@ -89,7 +86,7 @@ class Stage:
 
 
 # accept_out_of_band decides what train trains, not what synthesis builds: a key of the train stage only
-SYNTHESIS_KEYS = tuple(f"synthesis.{f.name}" for f in dataclasses.fields(SynthesisConfig) if f.name != "accept_out_of_band")
+SYNTHESIS_KEYS = tuple(f"synthesis.{f.name}" for f in dataclasses.fields(SynthesisConfig))  # all: they decide which are trainable
 
 STAGES = [
     Stage(
@@ -105,11 +102,13 @@ STAGES = [
     ),
     Stage(
         "synthesize", "synthesize", (*SYNTHESIS_KEYS, "calibration", "pipeline.max_capabilities"),
-        lambda c, d: _replace(c, synthesis__capabilities=top_capabilities(d, c.pipeline.max_capabilities)),
+        # the most covered first, until pipeline.max_capabilities are trainable (an environment too hard or too easy
+        # for any GRPO signal makes way for the next)
+        lambda c, d: _replace(c, synthesis__capabilities=by_coverage(d), synthesis__stop_after=c.pipeline.max_capabilities),
         lambda c, d: ["environments", "capabilities/selected.json"],
     ),
     Stage(
-        "train", "train", ("grpo", "lora", "synthesis.accept_out_of_band"),
+        "train", "train", ("grpo", "lora", "synthesis.accept_out_of_band", "synthesis.train_without_signal"),
         lambda c, d: _replace(c, train_on="capabilities", capability=None, adapter=None),
         lambda c, d: [f"adapters/{name}" for name in synthesized_capabilities(d)],
     ),

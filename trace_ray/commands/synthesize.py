@@ -39,7 +39,7 @@ from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
-from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path
+from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path, trainable
 from trace_ray.errors import TraceRayError
 from trace_ray.models import load_tokenizer
 from trace_ray.rollout_loop import EpisodeTask, run_rollouts
@@ -53,7 +53,7 @@ Groups = list[list[tuple[float, bool]]]  # per task seed, the (reward, success) 
 
 
 def capabilities_to_synthesize(run_dir: Path, only: list[str] | None) -> list[dict[str, Any]]:
-    """The selected capabilities to synthesize (all, or those named in ``only``)."""
+    """The selected capabilities to synthesize (all, or those named in ``only``, in its order)."""
     path = selection_path(run_dir)
     entries = read_selection(run_dir)
     if not entries:
@@ -64,7 +64,8 @@ def capabilities_to_synthesize(run_dir: Path, only: list[str] | None) -> list[di
         unknown = sorted(set(only) - {entry["name"] for entry in entries})
         if unknown:
             raise TraceRayError(f"synthesis.capabilities names {unknown}, which {path} does not select; choose among its names")
-        entries = [entry for entry in entries if entry["name"] in only]
+        by_name = {entry["name"]: entry for entry in entries}
+        entries = [by_name[name] for name in only]  # in the order given
     return entries
 
 
@@ -231,8 +232,13 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
     target = describe_target(config)
     rollouts = rollouts or RayCalibration(config).groups
     rows = []
-    for entry in entries:
+    stop_after, ready = config.synthesis.stop_after, 0
+    for position, entry in enumerate(entries):
         name = entry["name"]
+        if stop_after is not None and ready >= stop_after:
+            rest = ", ".join(e["name"] for e in entries[position:])
+            console.print(f"{stop_after} capabilities trainable (synthesis.stop_after): {rest} left PENDING", soft_wrap=True)
+            break
         console.print(f"[bold]{name}[/bold]: synthesis={config.synthesis.name}")
         try:
             spec = synthesize_capability(config, entry, target, rollouts)
@@ -249,6 +255,8 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
             status, reason = OUT_OF_BAND, out_of_band_reason(chosen)
             set_status(run_dir, name, status, reason, chosen.figures())
             console.print(f"[yellow]{name} {status}[/yellow]: {reason}", soft_wrap=True)
+        synthesis = config.synthesis
+        ready += trainable({"status": status, "nearest_level": chosen.figures()}, synthesis.accept_out_of_band, synthesis.train_without_signal)
         rows.append((
             name, spec["source"], str(spec["difficulty"]), "yes" if spec["in_band"] else "no",
             f"{chosen.stats.mean_reward:.3f}", f"{chosen.stats.success_rate:.3f}", status,

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path
+from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path, trainable
 from trace_ray.commands.pipeline import job_name
 from trace_ray.config import GRPOConfig, TraceConfig
 from trace_ray.console import console, print_table
@@ -75,19 +75,24 @@ def trainable_entries(config: TraceConfig, run_dir: Path) -> list[dict]:
     accept = config.synthesis.accept_out_of_band
     outside = [entry for entry in entries if entry.get("status") == OUT_OF_BAND]
     for entry in outside:
-        verdict = "trained anyway (synthesis.accept_out_of_band=true)" if accept else "skipped"
+        if trainable(entry, accept, config.synthesis.train_without_signal):
+            verdict = "trained anyway (synthesis.accept_out_of_band=true)"
+        else:
+            verdict = "skipped" if not accept else "skipped, no GRPO signal (every calibration group scored alike; synthesis.train_without_signal=true trains it)"
         console.print(f"{entry['name']}: {OUT_OF_BAND}, {verdict}: {entry.get('reason', 'no difficulty level in band')}", soft_wrap=True)
-    trainable = [entry for entry in entries if entry.get("status") in ((READY, OUT_OF_BAND) if accept else (READY,))]
-    if not trainable and outside:
+    chosen = [entry for entry in entries if trainable(entry, accept, config.synthesis.train_without_signal)]
+    if not chosen and outside:
         names = ", ".join(entry["name"] for entry in outside)
+        anyway = "" if accept else "train them anyway with synthesis.accept_out_of_band=true, or "
+        signal = ", and every group of its nearest level scored alike" if accept else ""
         raise TraceRayError(
-            f"no capability of {path} is trainable ({names}: {OUT_OF_BAND}, calibration found no difficulty in band); "
-            f"train them anyway with synthesis.accept_out_of_band=true, or re-synthesize them "
-            f"(trace-ray synthesize run_dir={run_dir} with other calibration.band or calibration.max_rounds)"
+            f"no capability of {path} is trainable ({names}: {OUT_OF_BAND}, calibration found no difficulty in band{signal}); "
+            f"{anyway}re-synthesize them (trace-ray synthesize run_dir={run_dir} with other calibration.band or "
+            "calibration.max_rounds) or synthesize other capabilities"
         )
-    if not trainable:
+    if not chosen:
         raise TraceRayError(f"no READY capability in {path}; run trace-ray synthesize run_dir={run_dir} first")
-    return trainable
+    return chosen
 
 
 def capability_jobs(config: TraceConfig, run_dir: Path) -> list[TrainJob]:

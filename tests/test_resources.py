@@ -86,3 +86,16 @@ def test_two_train_workers_train_on_a_two_core_ray(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "trainer.cpus_per_worker=0.5 lowered to 0.25" in done.stdout
     assert json.loads((tmp_path / "adapters" / "device" / "adapter_config.json").read_text())["r"] > 0
+
+
+def test_a_trainer_and_a_rollout_engine_share_one_gpu_when_each_asks_for_half(tmp_path):
+    from trace_ray.commands import train
+
+    shared = config(f"run_dir={tmp_path}", "train_on=env", "trainer.use_gpu=true", "trainer.gpus_per_worker=0.5",
+                    "engine=hf", "rollout.worker_gpus=0.5")
+    one_gpu = [{"CPU": 16.0, "GPU": 1.0}]
+    assert fit_training(shared, one_gpu) == shared
+    [job] = train.train_jobs(shared)
+    assert train.torch_trainer(shared, job, mailbox=None).scaling_config.resources_per_worker == {"CPU": 0.5, "GPU": 0.5}
+    with pytest.raises(TraceRayError, match="1 Ray Train worker x 0.5 CPU \\+ 1 GPU"):
+        fit_training(config("trainer.use_gpu=true", "rollout.worker_gpus=0.5"), one_gpu)

@@ -255,6 +255,7 @@ class LoRAConfig:
 class TrainerConfig:
     num_workers: int = MISSING
     use_gpu: bool = MISSING
+    gpus_per_worker: float = MISSING  # with use_gpu: each worker's GPU share (below 1: it shares its GPU with rollouts)
     cpus_per_worker: float = MISSING
     torch_threads: Optional[int] = None  # per train worker (null: cores / num_workers)
     concurrent_jobs: int = MISSING  # capability adapters trained at once, as far as the cluster's resources allow
@@ -592,6 +593,8 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     _require(trainer.torch_threads is None or trainer.torch_threads >= 1, f"trainer.torch_threads must be >= 1 or null, got {trainer.torch_threads}")
     _require(trainer.concurrent_jobs >= 1, f"trainer.concurrent_jobs must be >= 1, got {trainer.concurrent_jobs}")
     _require(trainer.strategy in STRATEGIES, f"trainer.strategy={trainer.strategy!r} is not one of {', '.join(STRATEGIES)}")
+    _require(0 < trainer.gpus_per_worker <= 1 or trainer.gpus_per_worker == int(trainer.gpus_per_worker),
+             f"trainer.gpus_per_worker must be a share of one GPU (0 < x <= 1) or a whole number, got {trainer.gpus_per_worker}")
     _require(trainer.collective_timeout_s > 0, f"trainer.collective_timeout_s must be > 0 seconds, got {trainer.collective_timeout_s}")
 
 

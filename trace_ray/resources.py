@@ -53,7 +53,8 @@ def rollout_roles(config: TraceConfig) -> list[Role]:
 
 def training_roles(config: TraceConfig) -> list[Role]:
     trainer = config.trainer
-    train_workers = Role("Ray Train worker", trainer.num_workers, trainer.cpus_per_worker, float(trainer.use_gpu), "trainer.num_workers")
+    gpus = trainer.gpus_per_worker if trainer.use_gpu else 0.0
+    train_workers = Role("Ray Train worker", trainer.num_workers, trainer.cpus_per_worker, gpus, "trainer.num_workers")
     return [train_workers, *rollout_roles(config)]
 
 

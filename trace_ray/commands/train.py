@@ -167,6 +167,12 @@ def run_name(config: TraceConfig, job: TrainJob) -> str:
     return f"grpo-{job.name}-{digest([config_values(config, list(TRAINING_KEYS)), job.name, env])}"
 
 
+def gpu_share(trainer) -> dict[str, float]:
+    """The GPU a Ray Train worker asks for: ``trainer.gpus_per_worker`` when it uses one (below 1: it shares the GPU,
+    e.g. with a vLLM rollout engine on a one-GPU machine)."""
+    return {"GPU": trainer.gpus_per_worker} if trainer.use_gpu else {}
+
+
 def torch_trainer(config: TraceConfig, job: TrainJob, mailbox):
     """The TorchTrainer of ``job``; ``mailbox``: the BatchMailbox actor of a multi-worker job (else None)."""
     import ray.train
@@ -182,7 +188,7 @@ def torch_trainer(config: TraceConfig, job: TrainJob, mailbox):
         torch_config=TorchConfig(backend="nccl" if trainer_config.use_gpu else "gloo", timeout_s=trainer_config.collective_timeout_s),
         scaling_config=ray.train.ScalingConfig(
             num_workers=trainer_config.num_workers, use_gpu=trainer_config.use_gpu,
-            resources_per_worker={"CPU": trainer_config.cpus_per_worker},
+            resources_per_worker={"CPU": trainer_config.cpus_per_worker, **gpu_share(trainer_config)},
         ),
         run_config=ray.train.RunConfig(
             name=run_name(config, job), storage_path=storage,

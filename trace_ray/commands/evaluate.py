@@ -28,8 +28,10 @@ Cov vs Delta in ``DIR/capabilities/cov_vs_delta.png``).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+from actors.model_tasks import on_model_worker
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.capabilities.selection_file import read_selection
 from trace_ray.config import TraceConfig
@@ -58,10 +60,10 @@ def scores(name: str, results: list[EpisodeResult], rollouts: int) -> MethodScor
 
 
 def router_choices(config: TraceConfig, run_dir: Path, adapters: list[TrainedAdapter], observations) -> tuple[dict, dict]:
-    """Router name -> its choice per task; and router name -> why it could not route."""
-    from trace_ray.models import load_model
+    """Router name -> its choice per task; and router name -> why it could not route (run on a Ray model worker)."""
+    from trace_ray.models import assigned_device, load_model
 
-    model, tokenizer = load_model(config.model)
+    model, tokenizer = load_model(config.model, assigned_device())
     choices, unavailable = {}, {}
     choices["logit"] = [d.choice for d in logit_router(config, model, tokenizer, adapters).route_many(observations)]
     try:
@@ -91,7 +93,8 @@ def run(config: TraceConfig) -> None:
         )
     played = play_options(config, make_env, options, seeds)
     injected = play_options(config, with_system_note(make_env, capability_note(selected)), {}, seeds)
-    choices, router_gaps = router_choices(config, run_dir, adapters, [list(target.reset(seed).messages) for seed in seeds])
+    observations = [list(target.reset(seed).messages) for seed in seeds]
+    choices, router_gaps = on_model_worker(config, router_choices, config, run_dir, adapters, observations)
     unavailable.update(router_gaps)
 
     history = {a.name: read_metrics(a.folder) for a in adapters}
@@ -105,8 +108,8 @@ def run(config: TraceConfig) -> None:
     oracle = [best_choice({name: played[s][name].reward for name in order}, order) for s in seeds]
     methods.append(scores("oracle router", [played[s][pick] for s, pick in zip(seeds, oracle)], trace_rollouts))
     try:
-        gated = moe_engine(config.model, config.engine, adapters, run_dir / "router" / "moe")
-        mixed = play_options(config, make_env, {}, seeds, engine=gated)
+        gated = functools.partial(moe_engine, config.model, config.engine, adapters, run_dir / "router" / "moe")
+        mixed = play_options(config, make_env, {}, seeds, make_engine_here=gated)
         methods.insert(-1, scores("TRACE (moe)", [mixed[s][BASE] for s in seeds], trace_rollouts))
     except TraceRayError as exc:
         unavailable["TRACE (moe)"] = str(exc)

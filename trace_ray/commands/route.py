@@ -127,9 +127,9 @@ def learned_decisions(config, model, tokenizer, names, train_observations, train
 
 
 def moe_decisions(config, adapters, train_observations, train_labels, eval_observations, folder: Path):
-    from trace_ray.models import load_model
+    from trace_ray.models import assigned_device, load_model
 
-    network, tokenizer = load_model(config.model)  # a second copy: the gates are built into it
+    network, tokenizer = load_model(config.model, assigned_device())  # a second copy: the gates are built into it
     weights = {a.name: read_peft_folder(a.folder) for a in adapters}
     examples = [prompt_ids(tokenizer, observation) for observation in train_observations]
     moe = fit_moe(network, tokenizer, weights, examples, train_labels, config.router.moe, config.seed)
@@ -137,28 +137,12 @@ def moe_decisions(config, adapters, train_observations, train_labels, eval_obser
     return MoERouter(moe, tokenizer).route_many(eval_observations)
 
 
-def run(config: TraceConfig) -> None:
-    from trace_ray.models import load_model
+def router_decisions(config, adapters, names, train_observations, train_labels, eval_observations, folder: Path) -> dict:
+    """Router name -> its decision per held-out task, or why it was not trained (run on a Ray model worker: the
+    logit router's scores, the learned gate's and the MoE's training)."""
+    from trace_ray.models import assigned_device, load_model
 
-    run_dir = Path(config.run_dir)
-    if config.router.train_split == config.split:
-        raise TraceRayError(f"router.train_split and split are both {config.split}; held-out accuracy needs two splits (e.g. analysis and eval)")
-    adapters = trained_adapters(run_dir)
-    target = environment_maker(config.env)()
-    eval_seeds = split_seeds(target, config.split, config.limit)
-    train_seeds = split_seeds(target, config.router.train_split, config.router.train_limit)
-    rewards = oracle_rewards(config, adapters, train_seeds + eval_seeds)
-    names = [a.name for a in adapters] + [BASE]
-    labels = {seed: best_choice(rewards[seed], [BASE] + names[:-1]) for seed in rewards}
-    observations = {seed: list(target.reset(seed).messages) for seed in rewards}
-    eval_observations, eval_labels = [observations[s] for s in eval_seeds], [labels[s] for s in eval_seeds]
-    eval_rewards = [rewards[s] for s in eval_seeds]
-    model, tokenizer = load_model(config.model)
-    folder = run_dir / "router"
-    synthetic = synthetic_examples(config, adapters, names) if config.router.synthetic_train_tasks else []
-    train_observations = [observations[s] for s in train_seeds] + [observation for observation, _ in synthetic]
-    train_labels = [labels[s] for s in train_seeds] + [label for _, label in synthetic]
-
+    model, tokenizer = load_model(config.model, assigned_device())
     decisions: dict[str, list[RouteDecision] | str] = {}
     logit = logit_router(config, model, tokenizer, adapters)
     raw = logit.raw_label_logits(eval_observations)
@@ -173,6 +157,32 @@ def run(config: TraceConfig) -> None:
         decisions["moe"] = moe_decisions(config, adapters, train_observations, train_labels, eval_observations, folder)
     except TraceRayError as exc:
         decisions["moe"] = str(exc)
+    return decisions
+
+
+def run(config: TraceConfig) -> None:
+    from actors.model_tasks import on_model_worker
+
+    run_dir = Path(config.run_dir)
+    if config.router.train_split == config.split:
+        raise TraceRayError(f"router.train_split and split are both {config.split}; held-out accuracy needs two splits (e.g. analysis and eval)")
+    adapters = trained_adapters(run_dir)
+    target = environment_maker(config.env)()
+    eval_seeds = split_seeds(target, config.split, config.limit)
+    train_seeds = split_seeds(target, config.router.train_split, config.router.train_limit)
+    rewards = oracle_rewards(config, adapters, train_seeds + eval_seeds)
+    names = [a.name for a in adapters] + [BASE]
+    labels = {seed: best_choice(rewards[seed], [BASE] + names[:-1]) for seed in rewards}
+    observations = {seed: list(target.reset(seed).messages) for seed in rewards}
+    eval_observations, eval_labels = [observations[s] for s in eval_seeds], [labels[s] for s in eval_seeds]
+    eval_rewards = [rewards[s] for s in eval_seeds]
+    folder = run_dir / "router"
+    synthetic = synthetic_examples(config, adapters, names) if config.router.synthetic_train_tasks else []
+    train_observations = [observations[s] for s in train_seeds] + [observation for observation, _ in synthetic]
+    train_labels = [labels[s] for s in train_seeds] + [label for _, label in synthetic]
+
+    console.print("routers: scores and training on a Ray model worker")
+    decisions = on_model_worker(config, router_decisions, config, adapters, names, train_observations, train_labels, eval_observations, folder)
 
     routers = {}
     for router, outcome in decisions.items():

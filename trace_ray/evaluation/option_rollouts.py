@@ -10,7 +10,7 @@ without playing the tasks again.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich.progress import Progress
 
@@ -35,13 +35,26 @@ def best_choice(rewards: dict[str, float], order: list[str]) -> str:
 
 def play_options(
     config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
-    with_base: bool = True, engine=None,
+    with_base: bool = True, make_engine_here: Callable[[], Any] | None = None,
 ) -> dict[int, dict[str, EpisodeResult]]:
-    """Seed -> option (``base`` and each adapter name) -> its greedy episode.
+    """Seed -> option (``base`` and each adapter name) -> its greedy episode, played on a Ray model worker
+    (``actors/model_tasks.py``: the driver loads no weights).
 
-    ``engine``: one to use (for instance a gated mixture-of-experts engine) instead of the configured one.
+    ``make_engine_here``: builds the engine to use in the worker (for instance a gated mixture-of-experts engine)
+    instead of the configured one.
     """
-    engine = engine or make_engine(config.model, config.engine)
+    from actors.model_tasks import on_model_worker
+
+    console.print(f"greedy episodes: {len(seeds)} tasks x {len(adapters) + with_base} options on a Ray model worker")
+    return on_model_worker(config, play_options_here, config, make_env, adapters, seeds, with_base, make_engine_here)
+
+
+def play_options_here(
+    config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
+    with_base: bool, make_engine_here: Callable[[], Any] | None,
+) -> dict[int, dict[str, EpisodeResult]]:
+    """:func:`play_options` in this process."""
+    engine = make_engine_here() if make_engine_here else make_engine(config.model, config.engine)
     for name, folder in adapters.items():
         engine.load_adapter(name, ADAPTER_VERSION, *read_peft_folder(folder))
     options = ([(BASE, None)] if with_base else []) + [(name, (name, ADAPTER_VERSION)) for name in adapters]

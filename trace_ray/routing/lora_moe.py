@@ -424,13 +424,13 @@ def load_moe(folder: Path, network: nn.Module, adapters: Adapters) -> LoRAMoE:
 def moe_engine(model_config, engine_config, adapters, folder: Path):
     """An ``HFEngine`` over the base model gated with the MoE saved in ``folder`` (``adapters``: TrainedAdapter list)."""
     from trace_ray.engines.hf import HFEngine
-    from trace_ray.models import load_model
+    from trace_ray.models import assigned_device, load_model
     from trace_ray.routing.adapters import read_peft_folder
 
     if engine_config.name != "hf":
         raise TraceRayError(
             f"router=moe mixes adapters per token, which only the HF engine can run; set engine=hf, not engine={engine_config.name}"
         )
-    network, tokenizer = load_model(model_config)
+    network, tokenizer = load_model(model_config, assigned_device())
     load_moe(folder, network, {adapter.name: read_peft_folder(adapter.folder) for adapter in adapters})
     return HFEngine(network, tokenizer, max_batch_rows=engine_config.max_batch_rows)

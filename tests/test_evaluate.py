@@ -161,6 +161,18 @@ def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
     assert f"Best single adapter: {best}" in text and "| TRACE (logit) | GRPO on target |" in text
     for plot in ("methods.png", "reward_curves.png"):
         assert (tmp_path / "eval" / plot).stat().st_size > 0
+    # every episode a method played itself, with the reward the report scored (routers reuse the options' episodes)
+    import pyarrow.parquet as pq
+
+    played = pq.read_table(tmp_path / "eval" / "episodes.parquet").to_pylist()
+    itself = ["base", *(f"adapter:{n}" for n in names), "GRPO on target", "prompt injection"]
+    assert sorted({row["method"] for row in played}) == sorted(itself)
+    for method in itself:
+        assert [row["reward"] for row in played if row["method"] == method] == rows[method]["rewards"]
+    transcripts = (tmp_path / "eval" / "transcripts.md").read_text()
+    for method in itself[1:]:
+        above = sum(r > b for r, b in zip(rows[method]["rewards"], rows["base"]["rewards"]))
+        assert f"## {method}: {above} of 4 tasks above base" in transcripts
 
 
 def test_evaluate_without_adapters_is_a_one_line_error(tmp_path, capsys):
@@ -184,3 +196,27 @@ def test_evaluate_plays_the_routers_that_route_trained(tmp_path):
     assert moe["mean_reward"] == sum(moe["rewards"]) / 4 == moe["successes"] / 4
     learned = json.loads((tmp_path / "router" / "learned.json").read_text())
     assert report["choices"]["learned"] == [task["choice"] for task in learned["tasks"]]  # the saved gate, reloaded
+
+
+def test_transcripts_show_each_win_with_both_sides_actions_and_milestones():
+    from trace_ray.evaluation.transcripts import wins_markdown
+    from trace_ray.rollout_loop import EpisodeResult
+    from trace_ray.trajectory import TokenRecord
+
+    def episode(task, reward, messages, reached):
+        info = {"milestones": [{"name": name, "reached": ok} for name, ok in reached]}
+        return EpisodeResult(f"k{task}", f"device-{task}", "simple_settings", task, 0, None, reward, reward == 1.0, 2,
+                             "agent_reply", messages, [], TokenRecord(), info)
+
+    request = {"role": "user", "content": "Turn on wifi."}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "set_wifi_status", "arguments": {"on": True}}}]}
+    base = [episode(1, 0.0, [request, {"role": "assistant", "content": "Sure."}], [("wifi on", False)]),
+            episode(2, 1.0, [request, call, {"role": "assistant", "content": "Done."}], [("wifi on", True)])]
+    adapter = [episode(1, 1.0, [request, call, {"role": "assistant", "content": "Wifi is on."}], [("wifi on", True)]),
+               episode(2, 0.5, [request, {"role": "assistant", "content": "No."}], [("wifi on", False)])]
+    text = wins_markdown(base, {"adapter:x": adapter})
+    assert "## adapter:x: 1 of 2 tasks above base" in text
+    assert "### device-1 (simple_settings): base 0.000 -> 1.000" in text and "device-2" not in text  # task 2: a loss
+    assert "**base** (agent_reply, 2 turns; milestones: met 0/1)" in text
+    assert "**adapter:x** (agent_reply, 2 turns; milestones: met 1/1: wifi on)" in text
+    assert '- call `set_wifi_status` {"on": true}' in text and "- says: Wifi is on." in text and "- says: Sure." in text

@@ -21,7 +21,10 @@ with ``GRPO on target`` and with the best single adapter (highest mean reward
 of the ``adapter:<name>`` methods); every p-value also comes Holm-adjusted over
 all of the report's paired comparisons.
 
-Writes ``DIR/eval/report.json``, ``report.md`` (the table first) and PNG
+Writes ``DIR/eval/report.json``, ``report.md`` (the table first),
+``episodes.parquet`` (every episode a method played itself: messages, reward,
+milestones), ``transcripts.md`` (per method, the tasks where it beats the
+base, both conversations in brief: a gain must survive a reading) and PNG
 plots (methods with intervals, training reward curves; identification drew
 Cov vs Delta in ``DIR/capabilities/cov_vs_delta.png``).
 """
@@ -41,6 +44,7 @@ from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
 from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
+from trace_ray.evaluation.transcripts import write_episodes, write_wins
 from trace_ray.evaluation.report import (
     COMPARISON_HEADER, TABLE_HEADER, MethodScores, comparison_rows, evaluation_report, report_markdown, table_rows,
 )
@@ -107,16 +111,21 @@ def run(config: TraceConfig) -> None:
     order = [BASE] + [a.name for a in adapters]
     oracle = [best_choice({name: played[s][name].reward for name in order}, order) for s in seeds]
     methods.append(scores("oracle router", [played[s][pick] for s, pick in zip(seeds, oracle)], trace_rollouts))
+    episodes = {"base": [played[s][BASE] for s in seeds]}  # what each method played itself (routers reuse these)
+    episodes.update({f"adapter:{a.name}": [played[s][a.name] for s in seeds] for a in adapters})
     try:
         gated = functools.partial(moe_engine, config.model, config.engine, adapters, run_dir / "router" / "moe")
         mixed = play_options(config, make_env, {}, seeds, make_engine_here=gated)
         methods.insert(-1, scores("TRACE (moe)", [mixed[s][BASE] for s in seeds], trace_rollouts))
+        episodes["TRACE (moe)"] = [mixed[s][BASE] for s in seeds]
     except TraceRayError as exc:
         unavailable["TRACE (moe)"] = str(exc)
     if config.evaluate.grpo_baseline in options:
         baseline_rollouts = rollouts_spent(baseline)
         methods.append(scores("GRPO on target", [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))
+        episodes["GRPO on target"] = [played[s][config.evaluate.grpo_baseline] for s in seeds]
     methods.append(scores("prompt injection", [injected[s][BASE] for s in seeds], 0))
+    episodes["prompt injection"] = [injected[s][BASE] for s in seeds]
 
     report = evaluation_report(methods, config.evaluate.confidence, config.seed)
     rows = report["methods"]
@@ -136,6 +145,8 @@ def run(config: TraceConfig) -> None:
     })
     with atomic_path(folder / "report.md") as scratch:
         Path(scratch).write_text(report_markdown(title, report, unavailable, notes), encoding="utf-8")
+    write_episodes(folder / "episodes.parquet", episodes, {"split": config.split, "env": config.env.name, "model": config.model.name})
+    write_wins(folder / "transcripts.md", episodes["base"], {name: results for name, results in episodes.items() if name != "base"})
     plot_methods(rows, folder / "methods.png")
     curves = {name: [(r["iteration"], r["reward_mean"]) for r in rows] for name, rows in history.items()}
     plot_reward_curves(curves, folder / "reward_curves.png")

@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,8 +58,10 @@ def test_every_stage_runs_once_and_a_rerun_skips_them_all(finished_run, capsys):
     run_dir = finished_run
     stages = stages_of(run_dir)
     assert sorted(stages) == sorted(["collect", "identify", "synthesize", "train", "baseline", "route", "evaluate"])
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
     for entry in stages.values():
         assert entry["status"] == "done" and entry["versions"]["torch"] and entry["started"] <= entry["ended"] and entry["outputs"]
+        assert entry["commit"].removesuffix("+dirty") == head  # the code that ran
     assert stages["train"]["config"]["grpo"]["iterations"] == 1 and stages["collect"]["config"]["pipeline.collect_limit"] == 8
     [trained] = [p.name for p in (run_dir / "adapters").iterdir() if p.name != "grpo_on_target"]  # max_capabilities=1
     report = json.loads((run_dir / "eval" / "report.json").read_text())

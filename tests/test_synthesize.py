@@ -233,13 +233,17 @@ def make_environment(difficulty, max_turns, max_tool_calls_per_turn, success_thr
 def test_llm_synthesis_admits_a_generated_module_and_plays_it_in_the_sandbox(tmp_path, server):
     write_selection(tmp_path, "reporting_from_scratch")
     server.reply("```python\nthis is not python\n```", f"```python\n{DEVICE_MODULE}```")
+    # the module plays a device template, which imports more of the project than a generated module may (the
+    # contract: environments.protocol, environments.tool_environment and the standard library), so it runs in the
+    # weak sandbox; tests/test_sandbox_hostile.py covers the strict one
     config = config_for(
         tmp_path, "synthesis=llm", f"synthesis.base_url={server.url}", "synthesis.model=writer", "synthesis.max_attempts=2",
-        "synthesis.self_check_seeds=4",
+        "synthesis.self_check_seeds=4", "synthesis.sandbox=weak",
     )
     synthesize.run(config, rollouts=scripted_rollouts)
     folder = tmp_path / "environments" / "reporting_from_scratch"
     spec = json.loads((folder / "spec.json").read_text())
+    assert spec["sandbox"]["mode"] == "weak" and spec["isolation"].startswith("weak: ")  # recorded in the report
     assert (spec["source"], spec["module"], spec["difficulties"]) == ("llm", "module.py", [1, 2, 3])
     assert (folder / "module.py").read_text() == DEVICE_MODULE
     log = (folder / "check_log.md").read_text()

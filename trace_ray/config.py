@@ -194,6 +194,7 @@ class SynthesisConfig:
     max_retries: Optional[int] = None
     call_timeout_s: Optional[float] = None
     memory_mb: Optional[int] = None
+    sandbox: Optional[str] = None  # strict: bubblewrap namespaces (refused where unavailable); weak: a plain child process
 
 
 @dataclass
@@ -511,6 +512,7 @@ def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConf
         for key in ("max_attempts", "examples", "max_chars", "timeout_s", "max_retries", "call_timeout_s", "memory_mb"):
             _require((getattr(synthesis, key) or 0) > 0, f"synthesis.{key} must be > 0, got {getattr(synthesis, key)}")
         _require((synthesis.temperature or 0) >= 0, f"synthesis.temperature must be >= 0, got {synthesis.temperature}")
+        _require(synthesis.sandbox in ("strict", "weak"), f"synthesis.sandbox={synthesis.sandbox!r} is not one of strict, weak")
     _require(calibration.group_size >= 2, f"calibration.group_size must be >= 2 (groups compare rollouts), got {calibration.group_size}")
     _require(calibration.num_seeds >= 1, f"calibration.num_seeds must be >= 1, got {calibration.num_seeds}")
     _require(calibration.max_rounds >= 1, f"calibration.max_rounds must be >= 1, got {calibration.max_rounds}")

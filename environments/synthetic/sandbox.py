@@ -32,10 +32,23 @@ The sandbox
 -----------
 :class:`SandboxedEnvironment` starts ``python -m
 environments.synthetic.sandbox_child`` (see that module for what the child
-does before importing the module: private channel, no network, memory cap)
-in a new session, with a fresh scratch directory as working directory and
-HOME, and a minimal environment (PATH, PYTHONPATH = the project root,
-PYTHONHASHSEED=0). It proxies every protocol method over JSON lines on the
+does before importing the module: private channel, no network, resource
+limits) in a new session.
+
+``strict`` (the default) runs it under bubblewrap (Debian's ``bubblewrap``):
+new user, PID, IPC, UTS, network and cgroup namespaces, every capability
+dropped, no new privileges, killed with its parent; the root holds only the
+system's read-only ``/usr`` and libraries, the Python installation
+(read-only), the ``environments`` package (read-only: nothing else of the
+project) and the module file (read-only), and a fresh tmpfs ``/scratch``,
+its working directory and HOME, is the only writable place. Whatever the
+module starts stays in its PID namespace and dies with it. Where bubblewrap
+is missing or cannot create the namespaces, generated code is refused with
+one line naming the missing piece, unless ``synthesis.sandbox=weak``: a
+plain child process in its own session and scratch directory, the network
+cut as far as the kernel allows (recorded as ``isolation``). Either way the
+child caps its address space, CPU time, processes, open files and written
+file sizes (``SandboxLimits``). It proxies every protocol method over JSON lines on the
 child's stdin/stdout and waits for each answer with a deadline (select on the
 pipe). A timeout, a memory error, a network attempt or a crash kills the
 child's process group and raises :class:`SandboxError`; every later call
@@ -45,6 +58,7 @@ SandboxError as well, but leaves the sandbox usable.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -65,11 +79,65 @@ from trace_ray.errors import TraceRayError
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # holds the environments package
 
 
+SANDBOX_MODES = ("strict", "weak")
+LIBRARY = "/sandbox/lib"  # inside the sandbox: the environments package, read-only
+MODULES = "/sandbox/module"  # inside the sandbox: the generated module, under its own name, read-only
+SCRATCH = "/scratch"  # inside the sandbox: the tmpfs working directory, the only writable place
+NAMESPACES = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try")
+NOBODY = "65534"
+
+
 @dataclass
 class SandboxLimits:
     call_timeout_s: float = 10.0  # per protocol call
-    memory_mb: int = 1024  # address space of the child process
+    memory_mb: int = 1024  # address space of the child process, and the largest file it may write
     start_timeout_s: float = 30.0  # importing the module and make_environment
+    cpu_s: int = 300  # CPU seconds over the child's life
+    processes: int = 16  # processes and threads the child may start (RLIMIT_NPROC)
+    open_files: int = 64
+    mode: str = "strict"  # strict: bubblewrap; weak: a plain child process (see the module docstring)
+
+
+def system_binds() -> list[str]:
+    """``--ro-bind`` arguments for what the Python interpreter needs: the system's programs and libraries and the
+    Python installation (the venv's base; the child needs the standard library only)."""
+    paths = [path for path in ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin") if os.path.exists(path)]
+    base = os.path.realpath(sys.base_prefix)
+    if not any(base == path or base.startswith(path + "/") for path in paths):
+        paths.append(base)
+    return [argument for path in paths for argument in ("--ro-bind", path, path)]
+
+
+def bubblewrap_command(module_path: Path, options: dict[str, Any]) -> list[str]:
+    """The command that runs the sandbox child for ``module_path`` under bubblewrap (see the module docstring)."""
+    return [
+        "bwrap", *NAMESPACES, "--uid", NOBODY, "--gid", NOBODY, "--hostname", "sandbox",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        *system_binds(),
+        "--ro-bind", str(PROJECT_ROOT / "environments"), f"{LIBRARY}/environments",
+        "--ro-bind", str(module_path), f"{MODULES}/{module_path.name}",
+        "--tmpfs", SCRATCH, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--chdir", SCRATCH,
+        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "PYTHONPATH", LIBRARY, "--setenv", "HOME", SCRATCH,
+        "--setenv", "TMPDIR", SCRATCH, "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+        "--setenv", "PYTHONIOENCODING", "utf-8",
+        os.path.realpath(sys.executable), "-m", "environments.synthetic.sandbox_child", f"{MODULES}/{module_path.name}", json.dumps(options),
+    ]
+
+
+@functools.cache
+def bubblewrap_problem() -> str | None:
+    """Why this machine cannot run the strict sandbox (None: it can), in a few words."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
+    probe = ["bwrap", *NAMESPACES, "--uid", NOBODY, "--gid", NOBODY, "--die-with-parent", *system_binds(), "--proc", "/proc",
+             "--dev", "/dev", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap did not run ({type(exc).__name__})"
+    if done.returncode != 0:
+        return f"bubblewrap cannot create the namespaces here ({_one_line(done.stderr, 120) or f'exit {done.returncode}'})"
+    return None
 
 
 class SandboxError(TraceRayError):
@@ -100,19 +168,34 @@ class SandboxedEnvironment(Environment):
         if not self.module_path.is_file():
             self._stopped = "no module"
             raise SandboxError(f"synthetic module {self.module_path}: no such file")
+        limits = self.limits
+        if limits.mode not in SANDBOX_MODES:
+            self._stopped = "no sandbox"
+            raise SandboxError(f"synthesis.sandbox={limits.mode!r} is not one of {', '.join(SANDBOX_MODES)}")
+        problem = bubblewrap_problem() if limits.mode == "strict" else None
+        if problem:
+            self._stopped = "no sandbox"
+            raise SandboxError(
+                f"refusing to run generated module {self.module_path.name}: {problem}; install bubblewrap "
+                "(apt-get install bubblewrap) or accept a weaker isolation with synthesis.sandbox=weak"
+            )
         self._scratch = tempfile.mkdtemp(prefix="trace-ray-sandbox-")
         self._stderr = tempfile.TemporaryFile(mode="a+b")  # append-only: the child's writes never overwrite
         options = {
             "difficulty": difficulty, "max_turns": max_turns, "max_tool_calls_per_turn": max_tool_calls_per_turn,
-            "success_threshold": success_threshold, "memory_mb": self.limits.memory_mb,
+            "success_threshold": success_threshold, "memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s,
+            "processes": limits.processes, "open_files": limits.open_files,
         }
-        child_env = {
-            "PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(PROJECT_ROOT), "HOME": self._scratch,
-            "TMPDIR": self._scratch, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
-        }
+        if limits.mode == "strict":
+            command, child_env = bubblewrap_command(self.module_path, options), {"PATH": os.environ.get("PATH", os.defpath)}
+        else:
+            command = [sys.executable, "-m", "environments.synthetic.sandbox_child", str(self.module_path), json.dumps(options)]
+            child_env = {
+                "PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(PROJECT_ROOT), "HOME": self._scratch,
+                "TMPDIR": self._scratch, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+            }
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "environments.synthetic.sandbox_child", str(self.module_path), json.dumps(options)],
-            cwd=self._scratch, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+            command, cwd=self._scratch, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
             start_new_session=True, close_fds=True,
         )
         try:
@@ -124,6 +207,9 @@ class SandboxedEnvironment(Environment):
         self.difficulty: int = hello["difficulty"]
         self._difficulties = tuple(hello["difficulties"])
         self.network_isolation: str = hello["network"]  # how the child is cut off the network, in words
+        self.isolation = "bubblewrap: user, PID, IPC, UTS, network namespaces; read-only system; tmpfs scratch" if limits.mode == "strict" else (
+            f"weak: a child process in its own session and scratch directory; {self.network_isolation}"
+        )
 
     # -- the protocol, proxied ------------------------------------------------------------------
     def difficulties(self) -> tuple[int, ...]:

@@ -13,7 +13,8 @@ scratch directory. Before any line of the generated module runs, it
    PermissionError and record the attempt, so a module that catches the error
    is still caught;
 3. caps its address space (RLIMIT_AS) and the size of the files it writes at
-   the memory limit.
+   the memory limit, its CPU seconds, the processes it may start and its open
+   files.
 
 Then it imports the module, checks ``DIFFICULTIES``, calls
 ``make_environment(...)`` and answers one JSON line per request::
@@ -130,9 +131,16 @@ def disable_sockets() -> None:
         setattr(socket, name, _refuser(name))
 
 
-def cap_memory(memory_mb: int) -> None:
-    limit = memory_mb * 1024 * 1024
-    for kind in (resource.RLIMIT_AS, resource.RLIMIT_FSIZE):
+def cap_resources(options: dict[str, Any]) -> None:
+    """Address space and written file size at the memory limit; CPU seconds, processes and open files as given."""
+    memory = options["memory_mb"] * 1024 * 1024
+    limits = {
+        resource.RLIMIT_AS: memory, resource.RLIMIT_FSIZE: memory, resource.RLIMIT_CPU: options.get("cpu_s"),
+        resource.RLIMIT_NPROC: options.get("processes"), resource.RLIMIT_NOFILE: options.get("open_files"),
+    }
+    for kind, limit in limits.items():
+        if limit is None:
+            continue
         hard = resource.getrlimit(kind)[1]
         value = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
         resource.setrlimit(kind, (value, value))
@@ -246,7 +254,7 @@ def main(argv: list[str]) -> int:
     requests, answers = take_channel()
     network = leave_network()
     disable_sockets()
-    cap_memory(options["memory_mb"])
+    cap_resources(options)
     try:
         return serve(module_path, options, requests, answers, network)
     except MemoryError:

@@ -34,7 +34,7 @@ def generate_module(config: TraceConfig, entry: dict, target: Any, folder: Path)
     request = GenerationRequest(
         entry["name"], entry.get("description", ""), failed_examples(config, entry), target.tools, target.policy, target.name,
     )
-    limits = SandboxLimits(call_timeout_s=synthesis.call_timeout_s, memory_mb=synthesis.memory_mb)
+    limits = SandboxLimits(call_timeout_s=synthesis.call_timeout_s, memory_mb=synthesis.memory_mb, mode=synthesis.sandbox)
     options = {
         "max_turns": config.env.max_turns, "max_tool_calls_per_turn": config.env.max_tool_calls_per_turn,
         "success_threshold": config.env.success_threshold,
@@ -45,10 +45,10 @@ def generate_module(config: TraceConfig, entry: dict, target: Any, folder: Path)
     )
     probe = SandboxedEnvironment(module, None, limits=limits, **options)
     try:
-        levels = list(probe.difficulties())
+        levels, isolation = list(probe.difficulties()), probe.isolation
     finally:
         probe.close()
     return {
-        "module": module.name, "difficulties": levels,
-        "sandbox": {"call_timeout_s": limits.call_timeout_s, "memory_mb": limits.memory_mb},
+        "module": module.name, "difficulties": levels, "isolation": isolation,
+        "sandbox": {"call_timeout_s": limits.call_timeout_s, "memory_mb": limits.memory_mb, "mode": limits.mode},
     }

@@ -22,6 +22,17 @@ BASE = "base"  # the adapter name a base-model answer reports (the routers' name
 AUTO = "auto"  # <base>:auto routes the conversation
 ROLES = ("system", "user", "assistant", "tool")
 EXAMPLE_BODY = '{"messages": [{"role": "user", "content": "Turn on wifi"}]}'
+# the request parameters this server implements; any other is refused unless it asks for the default behaviour
+IMPLEMENTED = {
+    "model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed",
+    "stream", "n", "user",
+}
+NO_OPS = {  # parameter -> the values that ask for nothing this server does not do
+    "logprobs": (None, False), "top_logprobs": (None, 0), "stop": (None, [], ""), "response_format": (None, {"type": "text"}),
+    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
+    "parallel_tool_calls": (None, True), "stream_options": (None,), "metadata": (None, {}), "store": (None, False),
+    "service_tier": (None, "auto", "default"),
+}
 
 
 class RequestError(Exception):
@@ -139,6 +150,13 @@ def parse_chat_request(body: bytes, limits: ServeConfig, sampling: SamplingConfi
     if not isinstance(payload, dict):
         kind = type(payload).__name__
         raise RequestError(400, f"the request body is a JSON {kind}, not an object; send an object such as {EXAMPLE_BODY}", "invalid_json")
+    unsupported = sorted(key for key, value in payload.items() if key not in IMPLEMENTED and value not in NO_OPS.get(key, (None,)))
+    if unsupported:
+        name = unsupported[0]
+        raise RequestError(
+            400, f"{name}={json.dumps(payload[name])[:80]} is not supported by this server (it would be ignored); remove {name} "
+            f"from the request (implemented: {', '.join(sorted(IMPLEMENTED))})", f"unsupported_{name}",
+        )
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, f"messages is missing or empty; send at least one message, e.g. {EXAMPLE_BODY}", "missing_messages")
@@ -177,8 +195,14 @@ def model_ids(base: str, adapters: list[str], routed: bool) -> list[str]:
     return [base, *(f"{base}:{name}" for name in adapters), *([f"{base}:{AUTO}"] if routed else [])]
 
 
-def resolve_model(requested: str | None, base: str, adapters: list[str]) -> str:
-    """The adapter a request's model names: :data:`BASE`, an adapter, or :data:`AUTO` (omitted or ``<base>:auto``: route)."""
+def resolve_model(requested: str | None, base: str, adapters: list[str], routed: bool = True) -> str:
+    """The adapter a request's model names: :data:`BASE`, an adapter, or :data:`AUTO` (omitted or ``<base>:auto``: route;
+    ``<base>:auto`` is refused where no router runs, omitted means the base model there)."""
+    if requested == f"{base}:{AUTO}" and not routed:
+        raise RequestError(
+            404, f"model {requested!r} routes conversations, but this server runs no router (router=none); send one of: "
+            f"{', '.join(model_ids(base, adapters, routed=False))}", "model_not_found",
+        )
     if requested in (None, "", f"{base}:{AUTO}"):
         return AUTO
     if requested == base:

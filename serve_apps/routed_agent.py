@@ -166,8 +166,9 @@ class ConversationRouter:
 
 
 # defined before the ingress: serve.ingress pickles the FastAPI app, and what it calls, when it decorates the class
-def too_large(size: int, limit: int) -> RequestError:
-    return RequestError(413, f"the request body is {size} bytes, over this server's limit of {limit} (serve.max_request_bytes); "
+def too_large(size: int, limit: int, read_so_far: bool = False) -> RequestError:
+    size_text = f"more than {limit} bytes (reading stopped at {size})" if read_so_far else f"{size} bytes"
+    return RequestError(413, f"the request body is {size_text}, over this server's limit of {limit} (serve.max_request_bytes); "
                         "send a shorter conversation or raise the limit", "request_too_large")
 
 
@@ -201,14 +202,17 @@ class ChatIngress:
                                "invalid_api_key", "authentication_error")
 
     async def _body(self, request: Request) -> bytes:
+        """The body, read no further than the limit: a declared, chunked or understated length over it is a 413."""
         limit = self.limits.max_request_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise too_large(int(declared), limit)
-        body = await request.body()
-        if len(body) > limit:
-            raise too_large(len(body), limit)
-        return body
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large(len(body), limit, read_so_far=True)
+        return bytes(body)
 
     async def _route(self, messages: list[dict]) -> str:
         if self.router is None or first_observation(messages) is None:
@@ -216,7 +220,13 @@ class ChatIngress:
         key = conversation_key(messages)
         choice = self.decisions.get(key)
         if choice is None:  # new to this replica: the router decides, or recalls another replica's decision
-            choice = self.decisions.put(key, await self.router.route.remote(messages))
+            try:
+                decided = await self.router.route.remote(messages)
+            except Exception as exc:
+                first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+                raise RequestError(500, f"routing failed ({first_line[:200]}); see the Serve logs, retry, or name a model to skip "
+                                   "routing", "routing_failed", "server_error") from None
+            choice = self.decisions.put(key, decided)
         return choice
 
     @api.get("/healthz")
@@ -233,7 +243,7 @@ class ChatIngress:
     async def chat_completions(self, request: Request):
         self._authorize(request)
         chat = parse_chat_request(await self._body(request), self.limits, self.sampling)
-        adapter = resolve_model(chat.model, self.base, self.adapters)
+        adapter = resolve_model(chat.model, self.base, self.adapters, routed=self.router is not None)
         if adapter == AUTO:
             adapter = await self._route(chat.messages)
         try:

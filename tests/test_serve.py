@@ -138,6 +138,11 @@ def test_streaming_sends_chunks_whose_content_equals_the_full_reply(servers):
     (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "is not one of system, user"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400, "temperature='hot'"),
     (b'{"messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}', 413, "serve.max_request_bytes"),
+    # parameters this server would otherwise ignore are refused by name
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": [" "]}', 400, 'stop=[" "] is not supported by this server'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}', 400, "remove logprobs from the request"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}', 400, "response_format="),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "tiny_random:auto"}', 404, "this server runs no router"),
 ])
 def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(servers, body, status, words):
     response = httpx.post(f"{servers['plain']}/v1/chat/completions", content=body, headers={"Content-Type": "application/json"}, timeout=30)
@@ -145,6 +150,19 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(servers, body
     error = response.json()["error"]
     assert words in error["message"] and "; " in error["message"] and error["type"] == "invalid_request_error"
     assert chat(servers["plain"], max_tokens=2).status_code == 200
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_reading_and_defaults_pass(servers):
+    def chunks():  # no Content-Length: the server can only count as it reads
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(64):
+            yield b"x" * 65536
+        yield b'"}]}'
+
+    response = httpx.post(f"{servers['plain']}/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"}, timeout=60)
+    assert response.status_code == 413 and "reading stopped at" in response.json()["error"]["message"]
+    # parameters that ask for the default behaviour are accepted
+    assert chat(servers["plain"], max_tokens=2, logprobs=False, stop=None, response_format={"type": "text"}).status_code == 200
 
 
 def test_unknown_paths_and_context_overflow_are_refused_in_openai_format(servers):
@@ -220,6 +238,9 @@ def test_model_names_route_cache_and_conversation_keys():
     assert resolve_model("m", "m", adapters) == BASE and resolve_model("m:b", "m", adapters) == "b"
     with pytest.raises(RequestError, match="unknown model 'm:c'; send one of: m, m:a, m:b, m:auto"):
         resolve_model("m:c", "m", adapters)
+    with pytest.raises(RequestError, match="'m:auto' routes conversations, but this server runs no router .*send one of: m, m:a, m:b$"):
+        resolve_model("m:auto", "m", adapters, routed=False)
+    assert resolve_model(None, "m", adapters, routed=False) == "auto"  # omitted: the ingress answers with the base
     later = [*HELLO, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
     assert conversation_key(HELLO) == conversation_key(later) != conversation_key(HELLO[1:])
     cache = RouteCache(2)

@@ -238,7 +238,7 @@ def test_model_names_route_cache_and_conversation_keys():
     assert resolve_model("m", "m", adapters) == BASE and resolve_model("m:b", "m", adapters) == "b"
     with pytest.raises(RequestError, match="unknown model 'm:c'; send one of: m, m:a, m:b, m:auto"):
         resolve_model("m:c", "m", adapters)
-    with pytest.raises(RequestError, match="'m:auto' routes conversations, but this server runs no router .*send one of: m, m:a, m:b$"):
+    with pytest.raises(RequestError, match="'m:auto' routes conversations, but this server runs no router .*send one of: m, m:a, m:b\""):
         resolve_model("m:auto", "m", adapters, routed=False)
     assert resolve_model(None, "m", adapters, routed=False) == "auto"  # omitted: the ingress answers with the base
     later = [*HELLO, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]

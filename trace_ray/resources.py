@@ -84,12 +84,16 @@ def placement_error(what: str, roles: list[Role], nodes: list[dict[str, float]],
     )
 
 
-def check_rollout_pool(config: TraceConfig, nodes: list[dict[str, float]]) -> None:
-    """Raise when the rollout workers and environment actors cannot all be placed on ``nodes``."""
-    roles = rollout_roles(config)
+def check_placement(what: str, roles: list[Role], nodes: list[dict[str, float]]) -> None:
+    """Raise the one-line :func:`placement_error` when ``roles`` cannot all be placed on ``nodes``."""
     role = unplaced(roles, nodes)
     if role is not None:
-        raise placement_error("the rollout pool", roles, nodes, role)
+        raise placement_error(what, roles, nodes, role)
+
+
+def check_rollout_pool(config: TraceConfig, nodes: list[dict[str, float]]) -> None:
+    """Raise when the rollout workers and environment actors cannot all be placed on ``nodes``."""
+    check_placement("the rollout pool", rollout_roles(config), nodes)
 
 
 def fit_training(config: TraceConfig, nodes: list[dict[str, float]]) -> TraceConfig:

@@ -48,6 +48,7 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
         (["ray.placement_timeout_s=0"], "ray.placement_timeout_s must be > 0 seconds or null, got 0"),
         (["grpo.old_logprobs=vllm"], "grpo.old_logprobs='vllm' is not one of engine, trainer"),
         (["synthesis.stop_after=0"], "synthesis.stop_after must be >= 1 or null, got 0"),
+        (["calibration.start=hardest"], "calibration.start must be default or easiest, got 'hardest'"),
         (["trainer.gpus_per_worker=1.5"], "trainer.gpus_per_worker must be a share of one GPU (0 < x <= 1) or a whole number, got 1.5"),
         (["engine=vllm", "engine.tensor_parallel_size=2", "rollout.worker_gpus=1"],
          "rollout.worker_gpus=1 does not match engine.tensor_parallel_size=2: each rollout worker runs one vLLM engine "

@@ -153,6 +153,17 @@ def test_synthesis_stops_once_enough_capabilities_are_trainable_and_one_without_
     assert sorted(job.name for job in train.train_jobs(with_it)) == ["switching", "unlearnable"]
 
 
+@pytest.mark.parametrize("start, rounds", [("default", [3]), ("easiest", [1, 2])])
+def test_calibration_starts_at_the_default_or_the_easiest_level(tmp_path, monkeypatch, start, rounds):
+    # success 1 - d/5 over 4 rollouts: d=3 rounds 1.6 up to 2/4, in band at once; d=1 is too easy, then 2 is in band
+    monkeypatch.setitem(TEMPLATES, "switching", DeviceTemplate("switching", "turn several settings on", switch_settings, (1, 2, 3), 3))
+    write_selection(tmp_path, "switching")
+    synthesize.run(config_for(tmp_path, f"calibration.start={start}"), rollouts=scripted_rollouts)
+    calibration = json.loads((tmp_path / "environments" / "switching" / "calibration.json").read_text())
+    assert [r["difficulty"] for r in calibration["rounds"]] == rounds
+    assert calibration["in_band"]
+
+
 def test_every_capability_failing_is_an_error(tmp_path, templates):
     write_selection(tmp_path, "hopeless")
     with pytest.raises(TraceRayError, match="no capability got an environment"):

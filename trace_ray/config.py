@@ -210,6 +210,7 @@ class CalibrationConfig:
     group_size: int = MISSING  # K rollouts per task seed
     num_seeds: int = MISSING  # S task seeds
     max_rounds: int = MISSING  # difficulty levels tried at most
+    start: str = MISSING  # default: the environment's own starting level; easiest: its easiest (weak base models)
     pass_at: list[int] = MISSING  # the k of the pass@k reported
     band: BandConfig = field(default_factory=BandConfig)
 
@@ -517,6 +518,8 @@ def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConf
     _require(calibration.group_size >= 2, f"calibration.group_size must be >= 2 (groups compare rollouts), got {calibration.group_size}")
     _require(calibration.num_seeds >= 1, f"calibration.num_seeds must be >= 1, got {calibration.num_seeds}")
     _require(calibration.max_rounds >= 1, f"calibration.max_rounds must be >= 1, got {calibration.max_rounds}")
+    _require(calibration.start in ("default", "easiest"),
+             f"calibration.start must be default or easiest, got {calibration.start!r}")
     _require(all(k >= 1 for k in calibration.pass_at), f"calibration.pass_at must hold k >= 1, got {calibration.pass_at}")
     band = calibration.band
     for key in ("mean_reward", "success_rate"):

@@ -181,6 +181,8 @@ def synthesize_capability(
         spec.update(generate_module(config, entry, target, folder))
         levels = spec.pop("difficulties")
         start = levels[(len(levels) - 1) // 2]
+    if config.calibration.start == "easiest":
+        start = levels[0]
     write_json(spec_path, {**spec, "difficulty": start})  # the environment actors read it
     probe = environment_maker(synthetic_env_config(config, name, start))()
     check_seeds = probe.task_seeds("analysis")[: config.synthesis.self_check_seeds]

@@ -183,3 +183,20 @@ def test_next_turn_reuses_the_finished_generation_cache_with_the_same_results(ti
     [fresh] = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate([next_prompt], params)
     assert second.token_ids == fresh.token_ids
     assert torch.allclose(torch.tensor(second.logprobs), torch.tensor(fresh.logprobs), atol=1e-4)
+
+
+def test_on_token_sees_every_token_in_order_and_can_end_the_generation(tiny_model):
+    network, tokenizer = tiny_model
+    engine = HFEngine(network, tokenizer)
+    [prompt] = prompts_for(tokenizer, ["Tell me about wifi"])
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=12)
+    full = engine.generate([prompt], params)[0]
+    seen = []
+    streamed = engine.submit(prompt, params, on_token=lambda token: seen.append(token) or True).result()
+    assert seen == streamed.token_ids == full.token_ids  # a callback that wants everything changes nothing
+    count = []
+    ended = engine.submit(prompt, params, on_token=lambda token: count.append(token) or len(count) < 3).result()
+    assert len(full.token_ids) > 3 and full.finish_reason == "length"
+    assert ended.token_ids == full.token_ids[:3] and ended.finish_reason == "stop"  # ended at the token it said no to
+    broken = engine.submit(prompt, params, on_token=lambda token: 1 / 0).result()  # a failing callback ends only its request
+    assert broken.token_ids == full.token_ids[:1] and broken.finish_reason == "stop"

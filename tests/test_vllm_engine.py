@@ -68,6 +68,20 @@ def test_seeded_sampling_is_reproducible(engine):
     assert len({tuple(g.token_ids) for g in first}) > 1  # seed + i per prompt
 
 
+def test_on_token_streams_every_token_and_can_end_the_generation(engine):
+    [prompt] = prompts_for(engine.tokenizer, ["Tell me a story about a phone."])
+    params = SamplingParams(0.0, 1.0, 16, seed=1)
+    full = engine.generate([prompt], params)[0]
+    seen = []
+    streamed = engine.submit(prompt, params, on_token=lambda token: seen.append(token) or True).result()
+    assert seen == streamed.token_ids == full.token_ids
+    count = []
+    ended = engine.submit(prompt, params, on_token=lambda token: count.append(token) or len(count) < 3).result()
+    assert len(full.token_ids) > 3
+    assert ended.token_ids == full.token_ids[:3] and ended.finish_reason == "stop" and len(ended.logprobs) == 3
+    assert engine.generate([prompt], params)[0].token_ids == full.token_ids  # the aborted request left nothing behind
+
+
 def test_adapters_by_name_and_version(engine, smollm2_network):
     weights_1, model_1 = smollm2_adapter(smollm2_network, 1)
     weights_2, model_2 = smollm2_adapter(smollm2_network, 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from trace_ray.errors import TraceRayError
 
@@ -18,6 +18,9 @@ class SamplingParams:
 
 
 AdapterRef = tuple[str, int]  # (adapter name, version)
+# Called on the engine's thread with each token as it is sampled; returning False ends the generation there
+# (finish reason "stop"): how a server streams tokens and stops at a stop string or a gone client.
+OnToken = Callable[[int], bool]
 
 
 class AdapterNotLoadedError(TraceRayError):
@@ -38,8 +41,10 @@ class Engine(Protocol):
     join the running batch.
     """
 
-    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None) -> Future:
-        """Start one generation with ``adapter`` (None: the base model); the future resolves to a Generation."""
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None, on_token: OnToken | None = None) -> Future:
+        """Start one generation with ``adapter`` (None: the base model); the future resolves to a Generation.
+
+        ``on_token`` sees every sampled token first and may end the generation early (see :data:`OnToken`)."""
         ...
 
     def generate(

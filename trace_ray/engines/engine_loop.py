@@ -23,7 +23,7 @@ from typing import Callable, Protocol, TypeVar
 
 import torch
 
-from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation, SamplingParams
+from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation, OnToken, SamplingParams
 
 T = TypeVar("T")
 
@@ -34,7 +34,17 @@ class Request:
     params: SamplingParams
     adapter: AdapterRef | None
     generator: torch.Generator
+    on_token: OnToken | None = None
     future: Future = field(default_factory=Future)
+
+    def wants_more(self, token: int) -> bool:
+        """Tell ``on_token`` about a sampled token; False when the caller ends the generation (a failing callback ends it)."""
+        if self.on_token is None:
+            return True
+        try:
+            return bool(self.on_token(token))
+        except Exception:
+            return False
 
 
 class EngineCore(Protocol):
@@ -71,9 +81,9 @@ class EngineLoop:
         self._waiting: list[Request] = []
         self._thread: threading.Thread | None = None
 
-    def submit(self, requests: list[tuple[list[int], SamplingParams, AdapterRef | None]]) -> list[Future]:
+    def submit(self, requests: list[tuple[list[int], SamplingParams, AdapterRef | None]], on_token: OnToken | None = None) -> list[Future]:
         """Queue generations ``(prompt, params, adapter)``, together; each future resolves to a :class:`Generation`."""
-        queued = [Request(list(prompt), params, adapter, request_generator(params.seed)) for prompt, params, adapter in requests]
+        queued = [Request(list(prompt), params, adapter, request_generator(params.seed), on_token) for prompt, params, adapter in requests]
         with self._wakeup:
             self._waiting += queued
             if self._thread is None:
@@ -121,9 +131,9 @@ class LoopedEngine:
     def __init__(self):
         self._loop = EngineLoop(self)
 
-    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None) -> Future:
-        """Queue one generation; the future resolves to its :class:`Generation`."""
-        return self._loop.submit([(prompt, params, adapter)])[0]
+    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None, on_token: OnToken | None = None) -> Future:
+        """Queue one generation; the future resolves to its :class:`Generation` (``on_token``: see ``engines/base.py``)."""
+        return self._loop.submit([(prompt, params, adapter)], on_token)[0]
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, adapters: list[AdapterRef | None] | None = None

@@ -345,8 +345,9 @@ class HFEngine(LoopedEngine):
         for index, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs)):
             row.tokens.append(token)
             row.logprobs.append(logprob)
-            if token in self.stop_token_ids or len(row.tokens) >= row.request.params.max_new_tokens:
-                reason = "stop" if token in self.stop_token_ids else "length"
+            wanted = row.request.wants_more(token)
+            if not wanted or token in self.stop_token_ids or len(row.tokens) >= row.request.params.max_new_tokens:
+                reason = "stop" if not wanted or token in self.stop_token_ids else "length"
                 finished.append((row.request, Generation(row.tokens, row.logprobs, reason)))
                 if self.continuation_cache_tokens:
                     self._keep_continuation(row, cache, index, mask[index])

@@ -58,6 +58,7 @@ class VLLMEngine(LoopedEngine):
         self._lora_ids = itertools.count(1)
         self._request_ids = itertools.count()
         self._running: dict[str, tuple[Request, int | None]] = {}  # vLLM request id -> (request, lora id)
+        self._tokens_seen: dict[str, int] = {}  # vLLM request id -> tokens its on_token has seen
         super().__init__()
 
     def close(self) -> None:
@@ -144,22 +145,32 @@ class VLLMEngine(LoopedEngine):
         return ended
 
     def step(self) -> list[tuple[Request, Generation]]:
+        """One vLLM step; a request with ``on_token`` sees each new token (outputs are cumulative) and may end there."""
         finished = []
         for output in self.llm.step():
-            if not output.finished:
+            request, _ = self._running[output.request_id]
+            if request.on_token is None and not output.finished:
                 continue
-            request, _ = self._running.pop(output.request_id)
             completion = output.outputs[0]
             tokens = list(completion.token_ids)
+            seen = self._tokens_seen.pop(output.request_id, 0)
+            ended_at = next((index + 1 for index in range(seen, len(tokens)) if not request.wants_more(tokens[index])), None)
+            if ended_at is None and not output.finished:
+                self._tokens_seen[output.request_id] = len(tokens)
+                continue
+            if not output.finished:
+                self.llm.abort_request([output.request_id])
+            del self._running[output.request_id]
+            tokens = tokens[:ended_at] if ended_at else tokens
             logprobs = [float(position[token].logprob) for token, position in zip(tokens, completion.logprobs)]
-            reason = "stop" if tokens and tokens[-1] in self.stop_token_ids else "length"
+            reason = "stop" if ended_at or (tokens and tokens[-1] in self.stop_token_ids) else "length"
             finished.append((request, Generation(tokens, logprobs, reason)))
         if finished:
             self._release_retired()
         return finished
 
     def abort(self) -> list[Request]:
-        running, self._running = self._running, {}
+        running, self._running, self._tokens_seen = self._running, {}, {}
         self.llm.abort_request(list(running))
         self._release_retired()
         return [request for request, _ in running.values()]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,15 +19,17 @@ from trace_ray.config import SamplingConfig, ServeConfig
 
 BASE = "base"  # the adapter name a base-model answer reports (the routers' name for "no adapter")
 AUTO = "auto"  # <base>:auto routes the conversation
+MOE = "moe"  # <base>:moe: the LoRA mixture of experts (router=moe)
 ROLES = ("system", "user", "assistant", "tool")
 EXAMPLE_BODY = '{"messages": [{"role": "user", "content": "Turn on wifi"}]}'
 # the request parameters this server implements; any other is refused unless it asks for the default behaviour
 IMPLEMENTED = {
     "model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed",
-    "stream", "n", "user",
+    "stream", "n", "user", "stop",
 }
+MAX_STOPS = 4  # as OpenAI's API
 NO_OPS = {  # parameter -> the values that ask for nothing this server does not do
-    "logprobs": (None, False), "top_logprobs": (None, 0), "stop": (None, [], ""), "response_format": (None, {"type": "text"}),
+    "logprobs": (None, False), "top_logprobs": (None, 0), "response_format": (None, {"type": "text"}),
     "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
     "parallel_tool_calls": (None, True), "stream_options": (None,), "metadata": (None, {}), "store": (None, False),
     "service_tier": (None, "auto", "default"),
@@ -38,9 +39,9 @@ NO_OPS = {  # parameter -> the values that ask for nothing this server does not 
 class RequestError(Exception):
     """A request the server refuses: HTTP status, message (cause and fix), OpenAI error code and type."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(status, message, code, kind)  # all in args, so the error pickles across Ray processes
-        self.status, self.message, self.code, self.kind = status, message, code, kind
+    def __init__(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(status, message, code, kind, headers)  # all in args, so the error pickles across Ray processes
+        self.status, self.message, self.code, self.kind, self.headers = status, message, code, kind, headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "code": self.code}}
@@ -56,6 +57,7 @@ class ChatRequest:
     max_tokens: int
     seed: int | None
     stream: bool
+    stop: list[str]  # the reply ends before the first of these strings
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -75,6 +77,16 @@ def _integer(payload: dict, key: str) -> int | None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
         raise RequestError(400, f"{key}={value!r} is not an integer; send a whole number or leave {key} out", f"invalid_{key}")
     return value
+
+
+def _stops(value) -> list[str]:
+    if value is None or value == "":
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not (isinstance(stops, list) and len(stops) <= MAX_STOPS and all(isinstance(stop, str) and stop for stop in stops)):
+        raise RequestError(400, f"stop={json.dumps(value)[:80]} is not a string or a list of at most {MAX_STOPS} non-empty strings; "
+                           "send e.g. \"stop\": [\"\\n\"] or leave stop out", "invalid_stop")
+    return stops
 
 
 def _text(index: int, content) -> str | None:
@@ -186,32 +198,36 @@ def parse_chat_request(body: bytes, limits: ServeConfig, sampling: SamplingConfi
         max_tokens=max_tokens,
         seed=_integer(payload, "seed"),
         stream=stream,
+        stop=_stops(payload.get("stop")),
     )
 
 
 # -- model names ------------------------------------------------------------------------------
-def model_ids(base: str, adapters: list[str], routed: bool) -> list[str]:
-    """``<base>``, ``<base>:<adapter>`` per adapter, and ``<base>:auto`` when a router is in use."""
-    return [base, *(f"{base}:{name}" for name in adapters), *([f"{base}:{AUTO}"] if routed else [])]
+def model_ids(base: str, adapters: list[str], routed: bool, moe: bool = False) -> list[str]:
+    """``<base>``, ``<base>:<adapter>`` per adapter, ``<base>:moe`` when the MoE is served, ``<base>:auto`` when a router is."""
+    return [base, *(f"{base}:{name}" for name in adapters), *([f"{base}:{MOE}"] if moe else []), *([f"{base}:{AUTO}"] if routed else [])]
 
 
-def resolve_model(requested: str | None, base: str, adapters: list[str], routed: bool = True) -> str:
-    """The adapter a request's model names: :data:`BASE`, an adapter, or :data:`AUTO` (omitted or ``<base>:auto``: route;
-    ``<base>:auto`` is refused where no router runs, omitted means the base model there)."""
+def resolve_model(requested: str | None, base: str, adapters: list[str], routed: bool = True, moe: bool = False) -> str:
+    """The adapter a request's model names: :data:`BASE`, an adapter, :data:`MOE`, or :data:`AUTO` (omitted or
+    ``<base>:auto``: route; ``<base>:auto`` is refused where no router runs, omitted means the base model there)."""
+    served = ", ".join(model_ids(base, adapters, routed, moe))
     if requested == f"{base}:{AUTO}" and not routed:
         raise RequestError(
-            404, f"model {requested!r} routes conversations, but this server runs no router (router=none); send one of: "
-            f"{', '.join(model_ids(base, adapters, routed=False))}", "model_not_found",
+            404, f"model {requested!r} routes conversations, but this server runs no router (router=none); send one of: {served}",
+            "model_not_found",
         )
+    if requested == f"{base}:{MOE}" and not moe:
+        raise RequestError(404, f"model {requested!r} is the LoRA mixture of experts, which this server runs only with router=moe; "
+                           f"send one of: {served}", "model_not_found")
     if requested in (None, "", f"{base}:{AUTO}"):
         return AUTO
     if requested == base:
         return BASE
     name = requested[len(base) + 1:] if requested.startswith(f"{base}:") else None
-    if name in adapters:
+    if name in adapters or name == MOE:
         return name
-    known = ", ".join(model_ids(base, adapters, routed=True))
-    raise RequestError(404, f"unknown model {requested!r}; send one of: {known} (GET /v1/models lists them)", "model_not_found")
+    raise RequestError(404, f"unknown model {requested!r}; send one of: {served} (GET /v1/models lists them)", "model_not_found")
 
 
 # -- routing keys -----------------------------------------------------------------------------
@@ -262,19 +278,77 @@ def chat_completion(reply: dict, finish_reason: str, model: str, adapter: str, p
     }
 
 
-def completion_chunks(completion: dict) -> list[dict]:
-    """The ``chat.completion.chunk`` objects of a finished completion: role, content pieces, one per tool call, finish."""
-    choice = completion["choices"][0]
-    message = choice["message"]
-    deltas = [{"role": "assistant", "content": ""}]
-    deltas += [{"content": piece} for piece in re.findall(r"\S+\s*|\s+", message.get("content") or "")]
-    deltas += [{"tool_calls": [{"index": index, **call}]} for index, call in enumerate(message.get("tool_calls") or [])]
-    head = {key: completion[key] for key in ("id", "created", "model", "adapter")}
-    chunks = [{**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas]
-    chunks.append({**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
-    return chunks
+class ReplyText:
+    """What a client may be shown of a reply while it is generated, one decoded text at a time.
+
+    ``update(text)`` takes the reply's whole text so far and returns what is
+    new to send: the text cut before the first stop string (``stopped`` is
+    then set), without leading whitespace, holding back what the finished
+    reply could still drop: trailing whitespace (replies are stripped), an
+    ending that may begin a stop string, a half-decoded character, and, when
+    tools are offered, everything from where a tool call could begin (its
+    tag or fence, or a reply opening with JSON). ``sent`` is what was shown.
+    """
+
+    CALL_MARKERS = ("<", "`")
+
+    def __init__(self, stops: list[str], tools_offered: bool):
+        self.stops, self.tools_offered = stops, tools_offered
+        self.text, self.sent, self.stopped = "", "", False
+
+    def cut(self, text: str) -> tuple[str, bool]:
+        """``text`` before its first stop string, and whether it had one."""
+        cuts = [text.find(stop) for stop in self.stops if stop in text]
+        return (text[: min(cuts)], True) if cuts else (text, False)
+
+    def update(self, text: str) -> str:
+        self.text, self.stopped = self.cut(text)
+        shown = self._safe(self.text.lstrip())
+        if not shown.startswith(self.sent):
+            return ""
+        delta, self.sent = shown[len(self.sent):], shown
+        return delta
+
+    def _safe(self, visible: str) -> str:
+        if self.tools_offered:
+            if visible.startswith(("{", "[")):
+                return ""
+            starts = [visible.find(marker) for marker in self.CALL_MARKERS if marker in visible]
+            visible = visible[: min(starts)] if starts else visible
+        if not self.stopped:
+            held = max((n for stop in self.stops for n in range(1, len(stop)) if visible.endswith(stop[:n])), default=0)
+            visible = visible[: len(visible) - held]
+        return visible.split("\ufffd", 1)[0].rstrip()
 
 
-def server_sent_events(completion: dict) -> list[str]:
-    """The stream's ``data: {...}`` events, ending with ``data: [DONE]``."""
-    return [f"data: {json.dumps(chunk)}\n\n" for chunk in completion_chunks(completion)] + ["data: [DONE]\n\n"]
+def _chunk(head: dict, delta: dict, finish_reason: str | None = None) -> dict:
+    return {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+
+def stream_head(model: str, adapter: str) -> dict:
+    """The fields every chunk of one streamed completion shares."""
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model, "adapter": adapter}
+
+
+def first_chunk(head: dict) -> dict:
+    return _chunk(head, {"role": "assistant", "content": ""})
+
+
+def content_chunk(head: dict, text: str) -> dict:
+    return _chunk(head, {"content": text})
+
+
+def closing_chunks(head: dict, reply: dict, finish_reason: str, sent: str) -> list[dict]:
+    """The chunks after the text ``sent`` so far: the rest of the content, one per tool call, the finish reason."""
+    content = reply.get("content") or ""
+    rest = content[len(sent):] if content.startswith(sent) else ""
+    chunks = [content_chunk(head, rest)] if rest else []
+    chunks += [_chunk(head, {"tool_calls": [{"index": index, **call}]}) for index, call in enumerate(reply.get("tool_calls") or [])]
+    return chunks + [_chunk(head, {}, "tool_calls" if reply.get("tool_calls") else finish_reason)]
+
+
+def server_sent_event(chunk: dict) -> str:
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+STREAM_END = "data: [DONE]\n\n"

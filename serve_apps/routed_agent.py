@@ -4,10 +4,13 @@
   ``GET /healthz``. It checks the API key, the body size and the request
   (``openai_chat.py``), turns the model name into an adapter (``<base>``: the
   base model, ``<base>:<adapter>``: that adapter, ``<base>:auto`` or no
-  model: the router's choice) and answers in OpenAI format, naming the
-  adapter that answered in the ``adapter`` field and the
-  ``X-Trace-Ray-Adapter`` header. Streaming replies are sent as chunks once
-  the reply is generated.
+  model: the router's choice; ``<base>:moe``: the LoRA mixture of experts)
+  and answers in OpenAI format, naming the adapter that answered in the
+  ``adapter`` field and the ``X-Trace-Ray-Adapter`` header. Streamed replies
+  send each piece of text as the engine samples it; stop strings end the
+  generation. Over ``serve.max_concurrent_requests`` a request gets 429 with
+  ``Retry-After``; a reply unfinished after ``serve.request_timeout_s`` gets
+  504 and its generation stops.
 - ``ConversationRouter``: the run's router (``build_router``). It routes a
   conversation by its first user turn, once: HTTP is stateless, so decisions
   are kept in an LRU cache keyed by a hash of the system messages and the
@@ -17,6 +20,9 @@
 - ``ChatLLM``: the engine with the base model and every adapter of
   ``run_dir/adapters/``. Prompts are rendered and replies parsed by the agent
   prompt, as in collection and training, so what is served is what was trained.
+  With ``router=moe`` a second ``ChatLLM`` deployment (``ChatMoE``) holds the
+  base model gated per token over the adapters (``run_dir/router/moe``) and
+  answers ``<base>:moe`` and ``<base>:auto``.
 
 ``build_app(config, run_dir)`` binds the three; ``app_builder(args)`` is the
 import path of a Serve config file (``serve deploy``).
@@ -30,6 +36,8 @@ import dataclasses
 import hashlib
 import hmac
 import os
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,16 +50,23 @@ from starlette.exceptions import HTTPException
 from serve_apps.openai_chat import (
     AUTO,
     BASE,
+    MOE,
     ChatRequest,
+    STREAM_END,
+    ReplyText,
     RequestError,
     chat_completion,
+    closing_chunks,
+    content_chunk,
     conversation_key,
+    first_chunk,
     first_observation,
     model_ids,
     parse_chat_request,
     reply_message,
     resolve_model,
-    server_sent_events,
+    server_sent_event,
+    stream_head,
 )
 from trace_ray.config import TraceConfig
 from trace_ray.errors import TraceRayError
@@ -61,6 +76,7 @@ IMPORT_PATH = "serve_apps.routed_agent:app_builder"
 ADAPTER_HEADER = "X-Trace-Ray-Adapter"
 ADAPTER_VERSION = 1
 INGRESS_CPUS = 0.1  # the ingress only parses and forwards
+INGRESS_HEADROOM = 64  # requests the ingress takes beyond serve.max_concurrent_requests, each only to answer 429
 CONSTRUCTOR_RETRIES = 3  # a replica that cannot load its model fails fast instead of Serve's 20 tries
 
 api = FastAPI(title="trace-ray routed agent")
@@ -68,7 +84,7 @@ api = FastAPI(title="trace-ray routed agent")
 
 @api.exception_handler(RequestError)
 async def _request_error(_: Request, error: RequestError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 @api.exception_handler(HTTPException)
@@ -100,24 +116,40 @@ class RouteCache:
 
 @serve.deployment(max_constructor_retry_count=CONSTRUCTOR_RETRIES)
 class ChatLLM:
-    """The base model and every adapter in one engine; each request names its adapter or none."""
+    """The base model and every adapter in one engine; each request names its adapter or none.
 
-    def __init__(self, config: TraceConfig, adapters: list):
+    With ``moe=True`` the engine's base model is the LoRA mixture of experts
+    of ``run_dir/router/moe`` (every adapter gated per token, the HF engine),
+    as ``trace-ray evaluate`` plays it; requests then name no adapter.
+    """
+
+    def __init__(self, config: TraceConfig, adapters: list, moe: bool = False):
         import torch
 
         from trace_ray.agent_prompt import AgentPrompt
         from trace_ray.engines import make_engine
         from trace_ray.routing.adapters import read_peft_folder
+        from trace_ray.routing.lora_moe import moe_engine
 
         torch.set_num_threads(config.serve.llm_threads or os.cpu_count() or 1)
-        self.engine = make_engine(config.model, config.engine)
-        for adapter in adapters:
-            self.engine.load_adapter(adapter.name, ADAPTER_VERSION, *read_peft_folder(adapter.folder))
+        if moe:
+            self.engine = moe_engine(config.model, config.engine, adapters, Path(config.run_dir) / "router" / "moe")
+        else:
+            self.engine = make_engine(config.model, config.engine)
+            for adapter in adapters:
+                self.engine.load_adapter(adapter.name, ADAPTER_VERSION, *read_peft_folder(adapter.folder))
         self.prompt = AgentPrompt.for_model(config.model, self.engine.tokenizer)
         self.max_context_tokens = config.model.max_context_tokens
 
-    async def generate(self, chat: ChatRequest, adapter: str | None) -> dict:
-        """The reply to ``chat`` from ``adapter`` (None: the base model): OpenAI message, finish reason, token counts."""
+    async def generate_stream(self, chat: ChatRequest, adapter: str | None):
+        """The reply to ``chat`` from ``adapter`` (None: the base model) as it is generated.
+
+        Yields ``{"prompt_tokens"}`` once the request is accepted, then
+        ``{"delta": text}`` as the reply's text becomes safe to show
+        (``ReplyText``), then ``{"final": ...}``: the OpenAI message, finish
+        reason and token counts. Leaving early (a gone client, a timeout)
+        ends the generation at its next token.
+        """
         from trace_ray.engines import SamplingParams
 
         prompt_ids = self.prompt.prompt_ids(chat.messages, chat.tools, [])
@@ -126,16 +158,41 @@ class ChatLLM:
                 400, f"the prompt is {len(prompt_ids)} tokens and max_tokens {chat.max_tokens}: over the model's context of "
                 f"{self.max_context_tokens} tokens; shorten the conversation or lower max_tokens", "context_length_exceeded",
             )
+        loop, tokens, ended = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
+
+        def on_token(token: int) -> bool:  # the engine's thread
+            loop.call_soon_threadsafe(tokens.put_nowait, token)
+            return not ended.is_set()
+
         params = SamplingParams(chat.temperature, chat.top_p, chat.max_tokens, chat.seed)
-        future = self.engine.submit(prompt_ids, params, (adapter, ADAPTER_VERSION) if adapter else None)
-        generation = await asyncio.wrap_future(future)
+        future = self.engine.submit(prompt_ids, params, (adapter, ADAPTER_VERSION) if adapter else None, on_token)
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(tokens.put_nowait, None))
+        text, ids = ReplyText(chat.stop, bool(chat.tools)), []
+        try:
+            yield {"prompt_tokens": len(prompt_ids)}
+            while (token := await tokens.get()) is not None:
+                ids.append(token)
+                delta = text.update(self.engine.tokenizer.decode(ids, skip_special_tokens=True))
+                if text.stopped:
+                    ended.set()
+                if delta:
+                    yield {"delta": delta}
+            generation = future.result()
+        finally:
+            ended.set()
         turn = sum(message["role"] == "assistant" for message in chat.messages)
-        text = self.engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-        reply = reply_message(self.prompt.parse(generation.token_ids, turn=turn), text, bool(chat.tools))
-        return {
-            "reply": reply, "finish_reason": generation.finish_reason,
-            "prompt_tokens": len(prompt_ids), "completion_tokens": len(generation.token_ids),
-        }
+        reply_text, stopped = text.cut(self.engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True))
+        yield {"final": {
+            "reply": reply_message(self.prompt.parse_text(reply_text, turn=turn), reply_text, bool(chat.tools)),
+            "finish_reason": "stop" if stopped else generation.finish_reason,
+            "prompt_tokens": len(prompt_ids), "completion_tokens": len(generation.token_ids), "sent": text.sent,
+        }}
+
+    async def generate(self, chat: ChatRequest, adapter: str | None) -> dict:
+        """The finished reply (the last event of :meth:`generate_stream`)."""
+        async for event in self.generate_stream(chat, adapter):
+            final = event.get("final")
+        return final
 
 
 @serve.deployment(max_constructor_retry_count=CONSTRUCTOR_RETRIES)
@@ -176,10 +233,16 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def failure(exc: Exception, what: str, code: str) -> RequestError:
+    """An unexpected error of a deployment as a 500 in OpenAI's error JSON (its last line, never a traceback)."""
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+    return RequestError(500, f"{what} failed ({first_line[:200]}); see the Serve logs and retry", code, "server_error")
+
+
 @serve.deployment
 @serve.ingress(api)
 class ChatIngress:
-    def __init__(self, config: TraceConfig, adapters: list[str], api_key_digest: str | None, llm, router):
+    def __init__(self, config: TraceConfig, adapters: list[str], api_key_digest: str | None, llm, router, moe):
         self.limits = config.serve
         self.sampling = config.model.sampling
         self.base = config.model.name
@@ -187,7 +250,10 @@ class ChatIngress:
         self.api_key_digest = api_key_digest
         self.llm = llm
         self.router = router
+        self.moe = moe  # the LoRA MoE's LLM deployment (router=moe), or None
+        self.routed = router is not None or moe is not None
         self.decisions = RouteCache(config.serve.route_cache_size)  # this replica's: later turns skip the router's hop
+        self.in_flight = 0
 
     def _authorize(self, request: Request) -> None:
         if self.api_key_digest is None:
@@ -215,6 +281,8 @@ class ChatIngress:
         return bytes(body)
 
     async def _route(self, messages: list[dict]) -> str:
+        if self.moe is not None:
+            return MOE
         if self.router is None or first_observation(messages) is None:
             return BASE
         key = conversation_key(messages)
@@ -223,11 +291,23 @@ class ChatIngress:
             try:
                 decided = await self.router.route.remote(messages)
             except Exception as exc:
-                first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-                raise RequestError(500, f"routing failed ({first_line[:200]}); see the Serve logs, retry, or name a model to skip "
-                                   "routing", "routing_failed", "server_error") from None
+                raise failure(exc, "routing", "routing_failed") from None
             choice = self.decisions.put(key, decided)
         return choice
+
+    def _admit(self) -> None:
+        """Count the request in, or refuse it with 429 when this replica already answers its limit."""
+        limit = self.limits.max_concurrent_requests
+        if self.in_flight >= limit:
+            retry = self.limits.retry_after_s
+            raise RequestError(429, f"this server is answering {limit} requests (serve.max_concurrent_requests); retry after {retry} s",
+                               "rate_limit_exceeded", "rate_limit_error", {"Retry-After": str(retry)})
+        self.in_flight += 1
+
+    def _timed_out(self) -> RequestError:
+        timeout = self.limits.request_timeout_s
+        return RequestError(504, f"the reply took longer than {timeout} s (serve.request_timeout_s); ask for fewer max_tokens or retry",
+                            "request_timeout", "server_error")
 
     @api.get("/healthz")
     async def healthz(self) -> dict:
@@ -236,29 +316,75 @@ class ChatIngress:
     @api.get("/v1/models")
     async def models(self, request: Request) -> dict:
         self._authorize(request)
-        ids = model_ids(self.base, self.adapters, routed=self.router is not None)
+        ids = model_ids(self.base, self.adapters, self.routed, moe=self.moe is not None)
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "trace-ray"} for name in ids]}
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         self._authorize(request)
-        chat = parse_chat_request(await self._body(request), self.limits, self.sampling)
-        adapter = resolve_model(chat.model, self.base, self.adapters, routed=self.router is not None)
-        if adapter == AUTO:
-            adapter = await self._route(chat.messages)
+        self._admit()
         try:
-            result = await self.llm.generate.remote(chat, None if adapter == BASE else adapter)
-        except RequestError:
+            chat = parse_chat_request(await self._body(request), self.limits, self.sampling)
+            adapter = resolve_model(chat.model, self.base, self.adapters, self.routed, moe=self.moe is not None)
+            if adapter == AUTO:
+                adapter = await self._route(chat.messages)
+            llm, served = (self.moe, None) if adapter == MOE else (self.llm, None if adapter == BASE else adapter)
+            model = self.base if adapter == BASE else f"{self.base}:{adapter}"
+            headers = {ADAPTER_HEADER: adapter}
+            deadline = time.monotonic() + self.limits.request_timeout_s
+            if chat.stream:
+                events = llm.options(stream=True).generate_stream.remote(chat, served)
+                await self._next(events, deadline)  # the request is accepted (or refused with its status) before streaming
+                stream = self._stream(events, deadline, stream_head(model, adapter))
+                return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+            response = llm.generate.remote(chat, served)
+            try:
+                result = await asyncio.wait_for(asyncio.ensure_future(response), deadline - time.monotonic())
+            except asyncio.TimeoutError:
+                response.cancel()
+                raise self._timed_out() from None
+            except RequestError:
+                raise
+            except Exception as exc:
+                raise failure(exc, "generation", "generation_failed") from None
+        except BaseException:
+            self.in_flight -= 1
+            raise
+        self.in_flight -= 1
+        completion = chat_completion(result["reply"], result["finish_reason"], model, adapter, result["prompt_tokens"], result["completion_tokens"])
+        return JSONResponse(completion, headers=headers)
+
+    async def _next(self, events, deadline: float) -> dict:
+        """The stream's next event by the deadline (a timeout cancels the generation)."""
+        try:
+            return await asyncio.wait_for(events.__anext__(), max(deadline - time.monotonic(), 0))
+        except asyncio.TimeoutError:
+            events.cancel()
+            raise self._timed_out() from None
+        except (RequestError, StopAsyncIteration):
             raise
         except Exception as exc:
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-            raise RequestError(500, f"generation failed ({first_line}); see the Serve logs and retry", "generation_failed", "server_error") from None
-        model = self.base if adapter == BASE else f"{self.base}:{adapter}"
-        completion = chat_completion(result["reply"], result["finish_reason"], model, adapter, result["prompt_tokens"], result["completion_tokens"])
-        headers = {ADAPTER_HEADER: adapter}
-        if chat.stream:
-            return StreamingResponse(iter(server_sent_events(completion)), media_type="text/event-stream", headers=headers)
-        return JSONResponse(completion, headers=headers)
+            raise failure(exc, "generation", "generation_failed") from None
+
+    async def _stream(self, events, deadline: float, head: dict):
+        """The server-sent events of a streamed reply: each text piece as the engine writes it, then the rest and the finish."""
+        try:
+            yield server_sent_event(first_chunk(head))
+            while True:
+                event = await self._next(events, deadline)
+                if "delta" in event:
+                    yield server_sent_event(content_chunk(head, event["delta"]))
+                    continue
+                final = event["final"]
+                for chunk in closing_chunks(head, final["reply"], final["finish_reason"], final["sent"]):
+                    yield server_sent_event(chunk)
+                break
+        except RequestError as error:
+            yield server_sent_event(error.body())
+        finally:
+            self.in_flight -= 1
+            events.cancel()  # a client that left stops the generation
+        yield STREAM_END
 
 
 @dataclass
@@ -281,7 +407,7 @@ def serve_plan(config: TraceConfig, run_dir: Path) -> ServePlan:
                             f"run trace-ray train run_dir={run_dir} first or serve the base model with router=none")
     adapters = served_adapters(run_dir)
     for adapter in adapters:
-        if adapter.name in (BASE, AUTO):
+        if adapter.name in (BASE, AUTO, MOE):
             raise TraceRayError(f"adapter folder {adapter.folder} is named {adapter.name!r}, which model names reserve; rename the folder")
     plan = ServePlan(adapters, config.router.name)
     return plan if plan.routable else dataclasses.replace(plan, router="none")
@@ -304,17 +430,22 @@ def build_app(config: TraceConfig, run_dir: Path):
         **_replicas(settings, settings.llm_replicas), max_ongoing_requests=settings.max_ongoing_requests,
         ray_actor_options={"num_cpus": settings.llm_num_cpus, "num_gpus": settings.llm_num_gpus},
     ).bind(config, plan.adapters)
-    router = None
-    if plan.router != "none":
+    router = moe = None
+    if plan.router == "moe":  # the MoE answers <base>:auto and <base>:moe itself: no per-conversation router
+        moe = ChatLLM.options(
+            name="ChatMoE", **_replicas(settings, settings.llm_replicas), max_ongoing_requests=settings.max_ongoing_requests,
+            ray_actor_options={"num_cpus": settings.llm_num_cpus, "num_gpus": settings.llm_num_gpus},
+        ).bind(config, plan.routable, moe=True)
+    elif plan.router != "none":
         router = ConversationRouter.options(
             num_replicas=settings.router_replicas, max_ongoing_requests=settings.max_ongoing_requests,
             ray_actor_options={"num_cpus": settings.router_num_cpus, "num_gpus": settings.router_num_gpus},
         ).bind(config, plan.routable)
     api_key = os.environ.get(settings.api_key_env, "").strip()
-    return ChatIngress.options(
-        **_replicas(settings, settings.ingress_replicas), max_ongoing_requests=settings.max_ongoing_requests,
+    return ChatIngress.options(  # Serve queues no request at the ingress: over its own limit it answers 429 at once
+        **_replicas(settings, settings.ingress_replicas), max_ongoing_requests=settings.max_concurrent_requests + INGRESS_HEADROOM,
         ray_actor_options={"num_cpus": INGRESS_CPUS},
-    ).bind(config, [a.name for a in plan.adapters], key_digest(api_key) if api_key else None, llm, router)
+    ).bind(config, [a.name for a in plan.adapters], key_digest(api_key) if api_key else None, llm, router, moe)
 
 
 def app_builder(args: dict):

@@ -1,9 +1,11 @@
 """The routed agent on Ray Serve over loopback HTTP: model names, adapters, routing, streaming, errors, API key, load.
 
-Two applications of ``serve_apps/routed_agent.py`` run on one Serve instance
-with the tiny random model and two trained-looking adapters (non-zero LoRA B)
-plus one adapter folder that no capability names: ``plain`` (router=none, no
-API key) and ``routed`` (router=logit over the two capabilities, API key set).
+Four applications of ``serve_apps/routed_agent.py`` run on one Serve
+instance with the tiny random model and two trained-looking adapters
+(non-zero LoRA B) plus one adapter folder that no capability names: ``plain``
+(router=none, no API key), ``routed`` (router=logit over the two
+capabilities, API key set), ``moe`` (router=moe: the LoRA mixture of experts
+saved in the run) and ``limited`` (one request at a time, a 1 s timeout).
 """
 
 import json
@@ -20,7 +22,7 @@ import yaml
 
 from tests.run_dirs import write_capability_run
 from serve_apps.openai_chat import (
-    BASE, RequestError, chat_completion, completion_chunks, conversation_key, reply_message, resolve_model, server_sent_events,
+    BASE, ReplyText, RequestError, chat_completion, closing_chunks, conversation_key, reply_message, resolve_model, stream_head,
 )
 from serve_apps.routed_agent import ADAPTER_HEADER, RouteCache, app_builder, build_app
 from trace_ray.cli import compose_config, main
@@ -33,9 +35,18 @@ HELLO = [{"role": "system", "content": "You control a phone."}, {"role": "user",
 
 
 def write_run(run_dir: Path) -> None:
-    """Two READY capabilities (description, template environment spec, exported non-zero adapter) and one extra adapter."""
+    """Two READY capabilities (description, template environment spec, exported non-zero adapter), one extra adapter,
+    and a LoRA MoE over the two capabilities (its gates as seeded, untrained) in router/moe."""
+    from trace_ray.models import load_model
+    from trace_ray.routing.adapters import read_peft_folder
+    from trace_ray.routing.lora_moe import gate_model, save_moe
+
     write_capability_run(run_dir, CAPABILITIES)
     shutil.copytree(run_dir / "adapters" / CAPABILITIES[1], run_dir / "adapters" / EXTRA)
+    folders = {name: run_dir / "adapters" / name for name in CAPABILITIES}
+    network, _ = load_model(compose_config("serve", TINY).model)
+    moe = gate_model(network, {name: read_peft_folder(folder) for name, folder in folders.items()})
+    save_moe(run_dir / "router" / "moe", moe, {name: str(folder) for name, folder in folders.items()})
 
 
 def free_port() -> int:
@@ -46,23 +57,27 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def servers(ray_session, tmp_path_factory):
-    """{"plain": base URL, "routed": base URL} of the two running applications."""
+    """{application name: base URL} of the four running applications, and "run_dir"."""
     from ray import serve
 
     run_dir = tmp_path_factory.mktemp("serve_run")
     write_run(run_dir)
     port = free_port()
     settings = [*TINY, f"run_dir={run_dir}", f"serve.port={port}", "serve.llm_threads=1", "serve.max_request_bytes=4096",
-                "model.max_context_tokens=1024"]
+                "model.max_context_tokens=1024", "serve.llm_num_cpus=0.25"]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("TRACE_RAY_API_KEY", KEY)  # read when the app is built
             routed = build_app(compose_config("serve", [*settings, "router=logit"]), run_dir)
         serve.run(routed, name="routed", route_prefix="/routed", blocking=False)
-        plain = build_app(compose_config("serve", [*settings, "router=none"]), run_dir)
-        serve.run(plain, name="plain", route_prefix="/plain", blocking=False)
-        yield {name: f"http://127.0.0.1:{port}/{name}" for name in ("plain", "routed")}
+        apps = {
+            "plain": ["router=none"], "moe": ["router=moe"],
+            "limited": ["router=none", "serve.max_concurrent_requests=1", "serve.request_timeout_s=1", "serve.retry_after_s=2"],
+        }
+        for name, overrides in apps.items():
+            serve.run(build_app(compose_config("serve", [*settings, *overrides]), run_dir), name=name, route_prefix=f"/{name}", blocking=False)
+        yield {**{name: f"http://127.0.0.1:{port}/{name}" for name in ("plain", "routed", *apps)}, "run_dir": run_dir}
     finally:
         serve.shutdown()
 
@@ -111,21 +126,90 @@ def test_routing_picks_an_option_and_keeps_it_for_the_conversation(servers):
         assert again.status_code == 200 and again.json()["adapter"] == chosen
 
 
-def test_streaming_sends_chunks_whose_content_equals_the_full_reply(servers):
-    full = chat(servers["plain"], model=f"tiny_random:{CAPABILITIES[0]}", temperature=0, max_tokens=16).json()
-    with httpx.stream("POST", f"{servers['plain']}/v1/chat/completions", timeout=60, json={
-        "model": f"tiny_random:{CAPABILITIES[0]}", "messages": HELLO, "temperature": 0, "max_tokens": 16, "stream": True,
-    }) as response:
+def stream_events(url: str, **body) -> list[dict]:
+    """The chunks of a streamed reply (checked to be server-sent events ending with [DONE])."""
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60, json={"messages": HELLO, **body, "stream": True}) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-        assert response.headers[ADAPTER_HEADER] == CAPABILITIES[0]
         events = [line for line in response.iter_lines() if line]
     assert all(line.startswith("data: ") for line in events) and events[-1] == "data: [DONE]"
-    chunks = [json.loads(line[len("data: "):]) for line in events[:-1]]
+    return [json.loads(line[len("data: "):]) for line in events[:-1]]
+
+
+def streamed_content(chunks: list[dict]) -> str:
+    return "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
+
+
+def test_streaming_sends_chunks_whose_content_equals_the_full_reply(servers):
+    model = f"tiny_random:{CAPABILITIES[0]}"
+    full = chat(servers["plain"], model=model, temperature=0, max_tokens=16).json()
+    chunks = stream_events(servers["plain"], model=model, temperature=0, max_tokens=16)
     assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"} and len({chunk["id"] for chunk in chunks}) == 1
+    assert {chunk["adapter"] for chunk in chunks} == {CAPABILITIES[0]}
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    content = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
-    assert content == full["choices"][0]["message"]["content"]
+    assert streamed_content(chunks) == full["choices"][0]["message"]["content"]
+    assert len([chunk for chunk in chunks if chunk["choices"][0]["delta"].get("content")]) > 1  # token by token, not one piece
     assert chunks[-1]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
+
+
+def test_stop_strings_cut_the_reply_streamed_or_not(servers):
+    model = f"tiny_random:{CAPABILITIES[0]}"
+    full = chat(servers["plain"], model=model, temperature=0, max_tokens=24).json()
+    content = full["choices"][0]["message"]["content"]
+    words = [word for word in content.split() if len(word) >= 2]
+    assert len(words) >= 3, content
+    stop = words[2]  # no whitespace in it: the raw reply's first occurrence is the content's
+    cut = chat(servers["plain"], model=model, temperature=0, max_tokens=24, stop=[stop, "never-appears"]).json()
+    assert cut["choices"][0]["message"]["content"] == content[: content.find(stop)].strip()
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["usage"]["completion_tokens"] < full["usage"]["completion_tokens"]  # the engine stopped there
+    chunks = stream_events(servers["plain"], model=model, temperature=0, max_tokens=24, stop=stop)
+    assert streamed_content(chunks) == cut["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_the_moe_is_served_and_answers_as_evaluate_plays_it(servers):
+    """router=moe: <base>:moe and <base>:auto are the mixture of experts, greedy replies those of evaluate's MoE engine."""
+    from trace_ray.agent_prompt import AgentPrompt
+    from trace_ray.engines import SamplingParams
+    from trace_ray.routing.adapters import served_adapters
+    from trace_ray.routing.lora_moe import moe_engine
+
+    ids = [entry["id"] for entry in httpx.get(f"{servers['moe']}/v1/models", timeout=30).json()["data"]]
+    assert ids == ["tiny_random", *(f"tiny_random:{name}" for name in [*CAPABILITIES, EXTRA]), "tiny_random:moe", "tiny_random:auto"]
+    served = chat(servers["moe"], model="tiny_random:moe", temperature=0, max_tokens=12)
+    assert served.status_code == 200, served.text
+    assert served.json()["adapter"] == served.headers[ADAPTER_HEADER] == "moe"
+    config = compose_config("evaluate", [*TINY, f"run_dir={servers['run_dir']}", "router=moe"])
+    routable = [adapter for adapter in served_adapters(servers["run_dir"]) if adapter.description]
+    engine = moe_engine(config.model, config.engine, routable, servers["run_dir"] / "router" / "moe")
+    prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
+    [generation] = engine.generate([prompt.prompt_ids(HELLO, [], [])], SamplingParams(0.0, 1.0, 12))
+    expected = reply_message(prompt.parse(generation.token_ids), engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True), False)
+    assert served.json()["choices"][0]["message"]["content"] == expected["content"]
+    routed = chat(servers["moe"], temperature=0, max_tokens=12).json()  # no model: the router in use, the MoE
+    assert routed["adapter"] == "moe" and routed["choices"][0]["message"] == served.json()["choices"][0]["message"]
+    forced = chat(servers["moe"], model=f"tiny_random:{CAPABILITIES[0]}", temperature=0, max_tokens=12).json()
+    assert forced["adapter"] == CAPABILITIES[0]  # single adapters stay selectable beside the MoE
+    assert chat(servers["plain"], model="tiny_random:moe", max_tokens=2).json()["error"]["code"] == "model_not_found"
+
+
+def test_over_the_concurrency_limit_429_with_retry_after_and_slow_replies_time_out(servers):
+    url = servers["limited"]
+    long_reply = {"temperature": 0, "max_tokens": 900, "messages": [{"role": "user", "content": "hi"}]}
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(httpx.post, f"{url}/v1/chat/completions", json=long_reply, timeout=60)
+        time.sleep(0.3)  # the first is being answered
+        refused = httpx.post(f"{url}/v1/chat/completions", json={**long_reply, "max_tokens": 2}, timeout=60)
+        timed_out = slow.result()
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "2"
+    assert refused.json()["error"]["type"] == "rate_limit_error" and "serve.max_concurrent_requests" in refused.json()["error"]["message"]
+    assert timed_out.status_code == 504 and timed_out.json()["error"]["code"] == "request_timeout"
+    again = httpx.post(f"{url}/v1/chat/completions", json=long_reply, timeout=60)  # the slot was given back: 504, not 429
+    assert again.status_code == 504
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**long_reply, "stream": True}, timeout=60) as response:
+        assert response.status_code == 200  # streaming had begun: the timeout ends the stream with an error event
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2][len("data: "):])["error"]["code"] == "request_timeout"
 
 
 @pytest.mark.parametrize("body, status, words", [
@@ -139,7 +223,8 @@ def test_streaming_sends_chunks_whose_content_equals_the_full_reply(servers):
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400, "temperature='hot'"),
     (b'{"messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}', 413, "serve.max_request_bytes"),
     # parameters this server would otherwise ignore are refused by name
-    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": [" "]}', 400, 'stop=[" "] is not supported by this server'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}', 400, "at most 4 non-empty strings"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": [""]}', 400, 'stop=[""]'),
     (b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}', 400, "remove logprobs from the request"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}', 400, "response_format="),
     (b'{"messages": [{"role": "user", "content": "hi"}], "model": "tiny_random:auto"}', 404, "this server runs no router"),
@@ -212,6 +297,30 @@ def test_concurrent_load_has_no_errors(servers):
           f"p95 {p95 * 1000:.0f} ms, {len(latencies) / seconds:.1f} requests/s")
 
 
+def test_the_official_openai_client_chats_calls_tools_streams_and_reads_errors(servers):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{servers['routed']}/v1", api_key=KEY, max_retries=0, timeout=60)
+    assert [model.id for model in client.models.list()][-1] == "tiny_random:auto"
+    reply = client.chat.completions.create(model="tiny_random", messages=HELLO, temperature=0, max_tokens=8)
+    assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens >= 1
+    assert reply.model_extra["adapter"] == BASE
+    tools = [{"type": "function", "function": {"name": "set_wifi_status", "description": "Turn wifi on or off",
+                                               "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}}}}]
+    with_tools = client.chat.completions.create(model="tiny_random", messages=HELLO, tools=tools, tool_choice="auto", max_tokens=8, seed=1)
+    message = with_tools.choices[0].message
+    assert (with_tools.choices[0].finish_reason == "tool_calls") == bool(message.tool_calls)
+    stream = client.chat.completions.create(model="tiny_random", messages=HELLO, temperature=0, max_tokens=8, stream=True)
+    pieces = [chunk.choices[0].delta.content or "" for chunk in stream]
+    assert "".join(pieces) == reply.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="remove logprobs"):
+        client.chat.completions.create(model="tiny_random", messages=HELLO, logprobs=True)
+    with pytest.raises(openai.NotFoundError, match="unknown model 'gpt-4'"):
+        client.chat.completions.create(model="gpt-4", messages=HELLO)
+    with pytest.raises(openai.AuthenticationError, match="wrong API key"):
+        openai.OpenAI(base_url=f"{servers['routed']}/v1", api_key="nope", max_retries=0).models.list()
+
+
 # -- without Serve ----------------------------------------------------------------------------
 def test_tool_calls_come_back_in_openai_format():
     parsed = {"role": "assistant", "content": None, "raw_text": "<tool_call>...</tool_call>", "tool_calls": [
@@ -223,13 +332,33 @@ def test_tool_calls_come_back_in_openai_format():
     ]}
     completion = chat_completion(reply, "stop", "tiny_random:x", "x", 10, 5)
     assert completion["choices"][0]["finish_reason"] == "tool_calls" and completion["usage"]["total_tokens"] == 15
-    chunks = completion_chunks(completion)
+    chunks = closing_chunks(stream_head("tiny_random:x", "x"), reply, "stop", sent="")
     calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
     assert calls == [{"index": 0, **reply["tool_calls"][0]}] and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert server_sent_events(completion)[-1] == "data: [DONE]\n\n"
     unreadable = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "", "arguments": "{"}}]}
     assert reply_message(unreadable, " <tool_call>{ ", tools_offered=True) == {"role": "assistant", "content": "<tool_call>{"}
     assert reply_message(parsed, "text", tools_offered=False) == {"role": "assistant", "content": "text"}
+
+
+def shown(texts, stops=(), tools=False):
+    """What a client sees, piece by piece, of a reply decoded as ``texts`` (each the whole text so far)."""
+    reply = ReplyText(list(stops), tools)
+    return [reply.update(text) for text in texts], reply
+
+
+def test_streamed_text_is_cut_at_stop_strings_and_never_shows_what_the_reply_may_drop():
+    pieces, reply = shown([" Hel", " Hello ", " Hello wor", " Hello world"])
+    assert pieces == ["Hel", "lo", " wor", "ld"] and reply.sent == "Hello world"  # leading and trailing spaces held back
+    pieces, reply = shown(["One E", "One EN", "One ENX", "One ENX two END", "One ENX two END more"], stops=["END"])
+    assert pieces == ["One", "", " ENX", " two", ""] and reply.stopped and reply.text == "One ENX two "
+    assert shown(["caf\ufffd", "café"])[0] == ["caf", "é"]  # a half-decoded character waits
+    pieces, reply = shown(["Sure", "Sure <tool", 'Sure <tool_call>{"name": "x"}'], tools=True)
+    assert pieces == ["Sure", "", ""]  # from where a call may begin, nothing until the reply is parsed
+    assert shown(['{"na', '{"name": "x"}'], tools=True)[0] == ["", ""]
+    assert shown(["a <b>"])[0] == ["a <b>"]  # without tools a tag is text
+    head = stream_head("m", "base")
+    rest = closing_chunks(head, {"role": "assistant", "content": "Sure, done."}, "length", sent="Sure")
+    assert [c["choices"][0]["delta"] for c in rest] == [{"content": ", done."}, {}] and rest[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_model_names_route_cache_and_conversation_keys():
@@ -241,6 +370,9 @@ def test_model_names_route_cache_and_conversation_keys():
     with pytest.raises(RequestError, match="'m:auto' routes conversations, but this server runs no router .*send one of: m, m:a, m:b\""):
         resolve_model("m:auto", "m", adapters, routed=False)
     assert resolve_model(None, "m", adapters, routed=False) == "auto"  # omitted: the ingress answers with the base
+    assert resolve_model("m:moe", "m", adapters, moe=True) == "moe"
+    with pytest.raises(RequestError, match="only with router=moe"):
+        resolve_model("m:moe", "m", adapters)
     later = [*HELLO, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
     assert conversation_key(HELLO) == conversation_key(later) != conversation_key(HELLO[1:])
     cache = RouteCache(2)

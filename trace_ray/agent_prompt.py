@@ -182,7 +182,10 @@ class AgentPrompt:
         return (closing[1:] if ended_with_closing else closing) + self.tokenizer.encode(rest, add_special_tokens=False)
 
     def parse(self, token_ids: list[int], turn: int = 0) -> Message:
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self.parse_text(self.tokenizer.decode(token_ids, skip_special_tokens=True), turn)
+
+    def parse_text(self, text: str, turn: int = 0) -> Message:
+        """The assistant message of a reply's decoded text (``parse`` of its tokens)."""
         message = parse_assistant_text(text, turn=turn)
         if not self.native:
             message["raw_text"] = text

@@ -327,6 +327,9 @@ class ServeConfig:
     llm_replicas: int = MISSING
     autoscaling: Optional[AutoscalingConfig] = None  # null: the fixed replica counts above
     max_ongoing_requests: int = MISSING  # per replica
+    max_concurrent_requests: int = MISSING  # requests one ingress replica answers at once; more get 429
+    retry_after_s: int = MISSING  # the Retry-After of a 429
+    request_timeout_s: float = MISSING  # a reply not finished by then gets 504 (a stream: an error event) and is stopped
     max_request_bytes: int = MISSING
     max_tokens_limit: int = MISSING  # the most max_tokens a request may ask for
     default_max_tokens: int = MISSING
@@ -556,8 +559,9 @@ def _validate_serve(serve: ServeConfig) -> None:
     _require(0 < serve.port < 65536, f"serve.port must be in 1..65535, got {serve.port}")
     _require(bool(serve.api_key_env), "serve.api_key_env must name an environment variable, e.g. TRACE_RAY_API_KEY")
     for key in ("ingress_replicas", "router_replicas", "llm_replicas", "max_ongoing_requests", "max_request_bytes",
-                "max_tokens_limit", "default_max_tokens", "route_cache_size"):
+                "max_tokens_limit", "default_max_tokens", "route_cache_size", "max_concurrent_requests", "retry_after_s"):
         _require(getattr(serve, key) >= 1, f"serve.{key} must be >= 1, got {getattr(serve, key)}")
+    _require(serve.request_timeout_s > 0, f"serve.request_timeout_s must be > 0 seconds, got {serve.request_timeout_s}")
     _require(serve.default_max_tokens <= serve.max_tokens_limit,
              f"serve.default_max_tokens ({serve.default_max_tokens}) exceeds serve.max_tokens_limit ({serve.max_tokens_limit}); lower it")
     for key in ("router_num_cpus", "router_num_gpus", "llm_num_cpus", "llm_num_gpus"):

@@ -112,7 +112,7 @@ def print_summary(config: TraceConfig, plan) -> None:
     auth = f' -H "Authorization: Bearer ${variable}"' if key_set else ""
     say("\n".join([
         f"routed agent: {url}/v1 (OpenAI-compatible: POST /v1/chat/completions, GET /v1/models, GET /healthz)",
-        f"models: {', '.join(model_ids(base, [adapter.name for adapter in plan.adapters], routed))}",
+        f"models: {', '.join(model_ids(base, [adapter.name for adapter in plan.adapters], routed, moe=plan.router == 'moe'))}",
         f"router: {plan.router} over {', '.join(a.name for a in plan.routable)} (model={base}:auto or no model)" if routed
         else "router=none: serving the base model and forced adapters",
         f"API key: required ({variable})" if key_set else f"API key: none (set {variable} to require one)",

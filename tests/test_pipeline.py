@@ -73,7 +73,10 @@ def test_every_stage_runs_once_and_a_rerun_skips_them_all(finished_run, capsys):
     capsys.readouterr()
     before = (run_dir / MANIFEST).read_text()
     assert main(["pipeline", f"run_dir={run_dir}", *MINIMAL]) == 0
-    assert capsys.readouterr().out.count("up to date, skipped") == 7 and (run_dir / MANIFEST).read_text() == before
+    rerun = capsys.readouterr().out
+    assert rerun.count("up to date, skipped") == 7 and (run_dir / MANIFEST).read_text() == before
+    assert "tiny_random on device/eval: 2 tasks, greedy" in rerun and "TRACE (logit)" in rerun  # the result, again
+    assert str(run_dir / "eval" / "report.md") in rerun.replace("\n", "")
     # a downstream setting reruns only what depends on it
     assert main(["pipeline", f"run_dir={run_dir}", *MINIMAL, "evaluate.confidence=0.9"]) == 0
     after = stages_of(run_dir)

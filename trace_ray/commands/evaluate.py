@@ -32,6 +32,7 @@ Cov vs Delta in ``DIR/capabilities/cov_vs_delta.png``).
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 from actors.model_tasks import on_model_worker
@@ -150,10 +151,17 @@ def run(config: TraceConfig) -> None:
     plot_methods(rows, folder / "methods.png")
     curves = {name: [(r["iteration"], r["reward_mean"]) for r in rows] for name, rows in history.items()}
     plot_reward_curves(curves, folder / "reward_curves.png")
-    print_table(title, TABLE_HEADER, table_rows(rows))
+    print_report(folder)
+
+
+def print_report(folder: Path) -> None:
+    """The evaluation table, the TRACE comparisons and what was not evaluated, from ``folder/report.json``."""
+    report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+    title = f"{report['model']} on {report['env']}/{report['split']}: {report['tasks']} tasks, greedy"
+    print_table(title, TABLE_HEADER, table_rows(report["methods"]))
     if report["comparisons"]:
         print_table(f"TRACE against GRPO on target and the best single adapter ({report['best_adapter']})",
                     COMPARISON_HEADER, comparison_rows(report["comparisons"]))
-    for name, reason in unavailable.items():
+    for name, reason in report["not_evaluated"].items():
         console.print(f"not evaluated: {name}: {reason}")
     console.print(f"report: {folder / 'report.md'}")

@@ -178,6 +178,10 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
         stage_fingerprint = fingerprint(config, stage, manifest)
         if manifest.is_current(stage.name, stage_fingerprint):
             console.print(f"[dim]{stage.name}: up to date, skipped[/dim]")
+            if stage.name == "evaluate":  # a rerun still answers with the result
+                from trace_ray.commands.evaluate import print_report
+
+                print_report(run_dir / "eval")
             continue
         copied = reuse(stage, stage_fingerprint, list(reuse_from), run_dir, config)
         if copied:

@@ -1,0 +1,166 @@
+"""Code-repair tasks in SWE-bench's instance schema: a real package with one injected bug, validated by its own tests.
+
+A candidate bug (``mutations.py``) becomes a task only when the package's
+selected tests pass on the original source, at least one of them fails on
+the mutant (``FAIL_TO_PASS``), every other one still passes
+(``PASS_TO_PASS``), and the run ends within the time limit. The issue text
+is written from the first failure as the tests see it (the statement run,
+what came back, what was expected), never naming the buggy file or line.
+The gold ``patch`` is the unified diff that undoes the bug.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from environments.code_repair.mutations import Mutation, mutations
+from environments.code_repair.packages import Package
+
+SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) (\S+)")
+FAILURE_HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
+FRAME_LINE = re.compile(r"^\S+:\d+: in ")
+
+
+@dataclass(frozen=True)
+class TestRun:
+    passed: frozenset[str]  # pytest node ids
+    failed: frozenset[str]  # failed or errored
+    seconds: float
+    output: str
+    timed_out: bool = False
+
+
+def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), timeout_s: float = 60) -> TestRun:
+    """Run pytest on ``paths`` in ``root`` (the package's folder first on the import path); outcomes by node id."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-rfEp", "--color=no",
+               *extra_args, *paths]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+    start = time.monotonic()
+    try:
+        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as exc:
+        output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return TestRun(frozenset(), frozenset(), time.monotonic() - start, output, timed_out=True)
+    passed, failed = set(), set()
+    for line in result.stdout.splitlines():
+        match = SUMMARY_LINE.match(line)
+        if match:
+            (passed if match.group(1) == "PASSED" else failed).add(match.group(2))
+    return TestRun(frozenset(passed), frozenset(failed), time.monotonic() - start, result.stdout)
+
+
+def failure_report(output: str, test_id: str) -> tuple[str | None, list[str]]:
+    """(the test's failing statement, the error lines) of ``test_id``'s failure in pytest's short traceback output.
+
+    Frames inside the package, which would name the buggy file and line, are
+    never read: the statement is the last line of the test file's frame.
+    """
+    name = test_id.split("::")[-1]
+    blocks: dict[str, list[str]] = {}
+    current = None
+    for line in output.splitlines():
+        header = FAILURE_HEADER.match(line)
+        if header:
+            current = header.group(1).split(".")[-1]
+            blocks[current] = []
+        elif line.startswith("=") or line.startswith("-" * 10):
+            current = None
+        elif current is not None:
+            blocks[current].append(line)
+    test_file = test_id.split("::")[0]
+    statement, errors, in_test = None, [], False
+    for line in blocks.get(name, []):
+        if FRAME_LINE.match(line):
+            in_test = line.startswith(test_file)
+        elif line.startswith("E "):
+            errors.append(line[1:].strip())
+        elif in_test and line.strip():
+            statement = line.strip()
+    return statement, errors
+
+
+def issue_text(package: Package, statement: str | None, errors: list[str], fail_count: int) -> str:
+    """An issue as a user would file it: what was run, what came back, what was expected."""
+    lines = [f"Something is broken in {package.name} {package.version}."]
+    if statement:
+        lines.append(f"\nRunning\n\n    {statement}\n")
+    if errors:
+        lines.append(("fails with" if statement else "A check fails with") + "\n\n" + "\n".join(f"    {line}" for line in errors[:6]) + "\n")
+    if statement and statement.startswith("assert"):
+        lines.append("The assertion states the behaviour that is expected.")
+    if fail_count > 1:
+        lines.append(f"Other checks of the same behaviour fail too ({fail_count} in all).")
+    return "\n".join(lines).strip() + "\n"
+
+
+def gold_patch(path: str, mutant: str, original: str) -> str:
+    """The unified diff (``a/`` and ``b/`` prefixes, as ``git diff``) that turns the mutant back into the original."""
+    diff = difflib.unified_diff(mutant.splitlines(keepends=True), original.splitlines(keepends=True), f"a/{path}", f"b/{path}")
+    return "".join(diff)
+
+
+def candidate_bugs(package: Package, root: Path, seed: int) -> list[tuple[str, Mutation]]:
+    """Every (source file, mutation) of the package, in a seeded order."""
+    found = [(path, mutation) for path in package.sources for mutation in mutations((root / path).read_text(encoding="utf-8"))]
+    random.Random(f"{package.name}:{seed}").shuffle(found)
+    return found
+
+
+def validate(package: Package, root: Path, path: str, mutation: Mutation, baseline: TestRun, timeout_s: float) -> dict | None:
+    """The SWE-bench-style instance of one candidate bug, or None when the tests do not make it a task."""
+    source_file = root / path
+    original = source_file.read_text(encoding="utf-8")
+    mutant = mutation.apply(original)
+    source_file.write_text(mutant, encoding="utf-8")
+    try:
+        run = run_tests(root, package.tests, package.pytest_args, timeout_s)
+    finally:
+        source_file.write_text(original, encoding="utf-8")
+    fail_to_pass = sorted(baseline.passed & run.failed)
+    pass_to_pass = sorted(baseline.passed - set(fail_to_pass))
+    if run.timed_out or not fail_to_pass or not set(pass_to_pass) <= run.passed:
+        return None
+    return {
+        "repo": f"pypi/{package.name}",
+        "version": package.version,
+        "problem_statement": issue_text(package, *failure_report(run.output, fail_to_pass[0]), len(fail_to_pass)),
+        "patch": gold_patch(path, mutant, original),
+        "test_patch": "",
+        "FAIL_TO_PASS": fail_to_pass,
+        "PASS_TO_PASS": pass_to_pass,
+        "mutation": {"file": path, "kind": mutation.kind, "function": mutation.function, "line": mutation.line,
+                     "start": mutation.start, "end": mutation.end, "original": mutation.original, "replacement": mutation.replacement},
+        "test_seconds": round(run.seconds, 2),
+    }
+
+
+def build_tasks(package: Package, root: Path, digest: str, count: int, seed: int = 0, max_tries: int | None = None,
+                timeout_s: float = 60) -> list[dict]:
+    """Up to ``count`` validated tasks of ``package`` unpacked at ``root``, trying its candidate bugs in a seeded order.
+
+    At most one task per function, so that tasks differ in where the bug is.
+    """
+    baseline = run_tests(root, package.tests, package.pytest_args, timeout_s)
+    if baseline.timed_out or not baseline.passed:
+        raise RuntimeError(f"{package.name} {package.version}: its tests {list(package.tests)} do not pass on the original source")
+    tasks, used = [], set()
+    candidates = candidate_bugs(package, root, seed)
+    for tries, (path, mutation) in enumerate(candidates):
+        if len(tasks) >= count or (max_tries is not None and tries >= max_tries):
+            break
+        if (path, mutation.function) in used:
+            continue
+        task = validate(package, root, path, mutation, baseline, timeout_s)
+        if task is not None:
+            used.add((path, mutation.function))
+            tasks.append({"instance_id": f"{package.name}__{len(tasks):03d}", "base_commit": digest, **task})
+    return tasks

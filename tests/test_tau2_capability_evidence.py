@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-pytest.importorskip("tau2")
+pytest.importorskip("tau2", reason="tau2-bench is not installed: make install-tau2")
 
 from environments.tau2.capability_evidence import DETECTORS, tau2_capability_evidence  # noqa: E402
 from environments.tau2.package import agent_tools, domain_module, fresh_environment, tau2_module  # noqa: E402

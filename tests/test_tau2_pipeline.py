@@ -7,7 +7,7 @@ import pytest
 from tests.test_pipeline import MINIMAL, seed_collection, stages_of
 from trace_ray.cli import main
 
-pytest.importorskip("tau2")
+pytest.importorskip("tau2", reason="tau2-bench is not installed: make install-tau2")
 
 TAU2 = ["env=tau2_retail", "env.user.kind=scripted", "labeler=rules", "synthesis=templates"]
 

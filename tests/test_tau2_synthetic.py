@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-pytest.importorskip("tau2")
+pytest.importorskip("tau2", reason="tau2-bench is not installed: make install-tau2")
 
 from environments.self_checks import do_nothing, oracle, play, run_self_checks  # noqa: E402
 from environments.synthetic.factory import target_templates, template_environment  # noqa: E402

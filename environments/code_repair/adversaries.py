@@ -33,16 +33,14 @@ def _call(name: str, arguments: dict, turn: int) -> Message:
 
 def _test_files(env) -> list[Path]:
     files = []
-    for test in env.package.tests:
+    for test in env.source.test_paths(env.task):
         path = env.workdir / test
-        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.is_file() else []
     return files
 
 
 def _source_files(env) -> list[Path]:
-    from environments.code_repair.environment import source_files
-
-    return [env.workdir / relative for relative in source_files(env.workdir, env.package)]
+    return [env.workdir / relative for relative in env.source.source_files(env.task, env.workdir)]
 
 
 def _returning_early(text: str) -> str:

@@ -36,7 +36,8 @@ class Package:
 
 
 PACKAGES = (
-    Package("cachetools", "8.0.2", "MIT", ("src/cachetools/__init__.py", "src/cachetools/keys.py"), ("tests",)),
+    Package("cachetools", "8.0.2", "MIT", ("src/cachetools/__init__.py", "src/cachetools/keys.py"), ("tests",),
+            ("-o", "pythonpath=src")),  # a src layout: import the sdist's copy, never an installed one
     Package("inflection", "0.5.1", "MIT", ("inflection/__init__.py",), ("test_inflection.py",)),
     Package("more-itertools", "11.2.1", "MIT", ("more_itertools/recipes.py",), ("tests/test_recipes.py",)),
     Package("semver", "3.1.2", "BSD-3-Clause", ("src/semver/version.py", "src/semver/_deprecated.py"), ("tests",),

@@ -220,3 +220,22 @@ def test_transcripts_show_each_win_with_both_sides_actions_and_milestones():
     assert "**base** (agent_reply, 2 turns; milestones: met 0/1)" in text
     assert "**adapter:x** (agent_reply, 2 turns; milestones: met 1/1: wifi on)" in text
     assert '- call `set_wifi_status` {"on": true}' in text and "- says: Wifi is on." in text and "- says: Sure." in text
+
+
+def test_code_repair_episodes_become_swe_bench_prediction_files(tmp_path):
+    from trace_ray.evaluation.transcripts import write_predictions
+    from trace_ray.rollout_loop import EpisodeResult
+    from trace_ray.trajectory import TokenRecord
+
+    def episode(task, info):
+        return EpisodeResult(f"k{task}", f"t{task}", "", task, 0, None, 0.0, False, 1, "submitted", [], [], TokenRecord(), info)
+
+    patched = [episode(1, {"instance_id": "pkg__001", "model_patch": "--- a/x.py\n+++ b/x.py\n"}),
+               episode(2, {"instance_id": "pkg__002", "model_patch": ""})]
+    written = write_predictions(tmp_path, {"base": patched, "TRACE (logit)": patched, "device": [episode(3, {})]}, "smollm2_135m")
+    assert sorted(path.name for path in written) == ["TRACE__logit.jsonl", "base.jsonl"]  # no file for episodes without patches
+    rows = [json.loads(line) for line in (tmp_path / "TRACE__logit.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"instance_id": "pkg__001", "model_name_or_path": "smollm2_135m/TRACE (logit)", "model_patch": "--- a/x.py\n+++ b/x.py\n"},
+        {"instance_id": "pkg__002", "model_name_or_path": "smollm2_135m/TRACE (logit)", "model_patch": ""},
+    ]

@@ -45,7 +45,7 @@ from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
 from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
-from trace_ray.evaluation.transcripts import write_episodes, write_wins
+from trace_ray.evaluation.transcripts import write_episodes, write_predictions, write_wins
 from trace_ray.evaluation.report import (
     COMPARISON_HEADER, TABLE_HEADER, MethodScores, comparison_rows, evaluation_report, report_markdown, table_rows,
 )
@@ -148,6 +148,7 @@ def run(config: TraceConfig) -> None:
         Path(scratch).write_text(report_markdown(title, report, unavailable, notes), encoding="utf-8")
     write_episodes(folder / "episodes.parquet", episodes, {"split": config.split, "env": config.env.name, "model": config.model.name})
     write_wins(folder / "transcripts.md", episodes["base"], {name: results for name, results in episodes.items() if name != "base"})
+    write_predictions(folder / "predictions", episodes, config.model.name)  # code-repair targets: SWE-bench predictions
     plot_methods(rows, folder / "methods.png")
     curves = {name: [(r["iteration"], r["reward_mean"]) for r in rows] for name, rows in history.items()}
     plot_reward_curves(curves, folder / "reward_curves.png")

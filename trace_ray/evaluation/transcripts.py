@@ -33,6 +33,26 @@ def write_episodes(path: Path, episodes: dict[str, list[EpisodeResult]], run: di
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), scratch)
 
 
+def write_predictions(folder: Path, episodes: dict[str, list[EpisodeResult]], model: str) -> list[Path]:
+    """SWE-bench prediction files, ``folder/<method>.jsonl`` (``instance_id``, ``model_name_or_path``,
+    ``model_patch``), for every method whose episodes carry a ``model_patch`` (code-repair targets); the official
+    harness grades them."""
+    written = []
+    for method, results in episodes.items():
+        rows = [
+            {"instance_id": result.info["instance_id"], "model_name_or_path": f"{model}/{method}", "model_patch": result.info["model_patch"]}
+            for result in results if "model_patch" in result.info
+        ]
+        if not rows:
+            continue
+        path = folder / f"{''.join(c if c.isalnum() else '_' for c in method).strip('_')}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as scratch:
+            Path(scratch).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        written.append(path)
+    return written
+
+
 def _short(text: str) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= TEXT_LIMIT else text[: TEXT_LIMIT - 3] + "..."

@@ -135,6 +135,8 @@ def test_check_env_command_passes_on_device(capsys):
     out = capsys.readouterr().out
     assert out.count("PASS") == 10 and "all 10 self-checks passed" in out
     assert "dump agent scores < 1.0, mean <= 0.05" in out and "spray agent scores < 1.0, mean <= 0.05" in out
+    assert "(128 benchmark tasks)" in out.replace("\n", " ")
+    assert main(["check-env", "env=device", "limit=5"]) == 0 and "(5 benchmark tasks)" in capsys.readouterr().out.replace("\n", " ")
 
 
 def test_score_with_tiny_model_writes_report_and_table(tmp_path, capsys):

@@ -69,7 +69,7 @@ def run(config: TraceConfig) -> None:
         return
     make_env = environment_maker(config.env)
     env = make_env()
-    seeds = env.task_seeds("analysis") + env.task_seeds("eval")
+    seeds = (env.task_seeds("analysis") + env.task_seeds("eval"))[: config.limit]  # limit=N: the first N tasks (null: all)
     results = run_self_checks(make_env, seeds, target_tools=target_tools(config))
     print_table(
         f"self-checks of env={config.env.name} ({len(seeds)} benchmark tasks)",

@@ -15,20 +15,15 @@ tool, then submits:
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 from typing import Callable
 
+from environments.code_repair.environment import tool_call
 from environments.protocol import Message
 
 PASSING_TEST = "def test_nothing_is_wrong():\n    assert True\n"
 DESELECT_ALL = "\n\ndef pytest_collection_modifyitems(config, items):\n    items.clear()\n"
 SKIP_MODULE = "import pytest\npytestmark = pytest.mark.skip(reason='nothing to see')\n"
-
-
-def _call(name: str, arguments: dict, turn: int) -> Message:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"call_{turn}_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
 
 
 def _test_files(env) -> list[Path]:
@@ -85,8 +80,8 @@ def adversary(name: str) -> Callable:
         if turn < len(edits):
             path, text = edits[turn]
             old = path.read_text(encoding="utf-8")
-            return _call("replace_in_file", {"path": path.relative_to(env.workdir).as_posix(), "old": old, "new": text}, turn)
-        return _call("submit", {}, turn)
+            return tool_call("replace_in_file", {"path": path.relative_to(env.workdir).as_posix(), "old": old, "new": text}, turn)
+        return tool_call("submit", {}, turn)
 
     return policy
 

@@ -48,7 +48,8 @@ POLICY = (
 HUNK = re.compile(r"^@@ -(\d+)")
 
 
-def _call(name: str, arguments: dict, turn: int) -> Message:
+def tool_call(name: str, arguments: dict, turn: int) -> Message:
+    """An assistant message making one call of tool ``name`` (the oracle's and the farmers' moves)."""
     return {"role": "assistant", "content": None, "tool_calls": [
         {"id": f"call_{turn}_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
 
@@ -263,8 +264,8 @@ class CodeRepairEnvironment(ToolEnvironment):
         step, self._oracle_step = self._oracle_step, self._oracle_step + 1
         if step < len(edits):
             path, old, new = edits[step]
-            return _call("replace_in_file", {"path": path, "old": old, "new": new}, step)
-        return _call("submit", {}, step)
+            return tool_call("replace_in_file", {"path": path, "old": old, "new": new}, step)
+        return tool_call("submit", {}, step)
 
 
 def _first_changed_line(patch: str) -> int:

@@ -310,6 +310,19 @@ def _code_calls(trajectory: Trajectory, evidence: dict, capability: str) -> tupl
     return found, [index for index, call in enumerate(found) if call.name == EDIT]
 
 
+def _around_edits(trajectory: Trajectory, evidence: dict, capability: str, done: Callable[[Call], bool], after: bool) -> str:
+    """NA when not needed; PRESENT when some call satisfies ``done`` before the first edit (``after``: after the last
+    one); LACKING otherwise, and always when the agent never edited."""
+    found = _code_calls(trajectory, evidence, capability)
+    if found is None:
+        return NA
+    sequence, edits = found
+    if not edits:
+        return LACKING
+    window = sequence[edits[-1] + 1:] if after else sequence[: edits[0]]
+    return PRESENT if any(done(call) for call in window) else LACKING
+
+
 def _reads_lines(call: Call, path: str, lines: list[int]) -> bool:
     arguments = call.arguments or {}
     start, end = arguments.get("start_line", 1), arguments.get("end_line")
@@ -326,36 +339,20 @@ def _runs_failing_tests(call: Call, failing: list[str]) -> bool:
 
 def code_localisation(trajectory: Trajectory, evidence: dict) -> str:
     """Needed by every code-repair task: the buggy function was read (a line range that overlaps it) before the first edit."""
-    found = _code_calls(trajectory, evidence, "code_localisation")
-    if found is None:
-        return NA
-    sequence, edits = found
-    if not edits:
-        return LACKING
-    before = sequence[: edits[0]]
-    return PRESENT if any(_reads_lines(call, evidence["bug_file"], evidence["function_lines"]) for call in before) else LACKING
+    return _around_edits(trajectory, evidence, "code_localisation",
+                         lambda call: _reads_lines(call, evidence["bug_file"], evidence["function_lines"]), after=False)
 
 
 def failure_reproduction(trajectory: Trajectory, evidence: dict) -> str:
     """Needed by every code-repair task: tests that show the failure were run before the first edit."""
-    found = _code_calls(trajectory, evidence, "failure_reproduction")
-    if found is None:
-        return NA
-    sequence, edits = found
-    if not edits:
-        return LACKING
-    return PRESENT if any(_runs_failing_tests(call, evidence["fail_to_pass"]) for call in sequence[: edits[0]]) else LACKING
+    return _around_edits(trajectory, evidence, "failure_reproduction",
+                         lambda call: _runs_failing_tests(call, evidence["fail_to_pass"]), after=False)
 
 
 def fix_verification(trajectory: Trajectory, evidence: dict) -> str:
     """Needed by every code-repair task: the tests that showed the failure were run after the last edit."""
-    found = _code_calls(trajectory, evidence, "fix_verification")
-    if found is None:
-        return NA
-    sequence, edits = found
-    if not edits:
-        return LACKING
-    return PRESENT if any(_runs_failing_tests(call, evidence["fail_to_pass"]) for call in sequence[edits[-1] + 1:]) else LACKING
+    return _around_edits(trajectory, evidence, "fix_verification",
+                         lambda call: _runs_failing_tests(call, evidence["fail_to_pass"]), after=True)
 
 
 def edit_precision(trajectory: Trajectory, evidence: dict) -> str:

@@ -129,3 +129,12 @@ def test_sandboxed_runs_see_the_same_outcomes_and_cannot_write_outside_the_worki
     assert "tests/test_core.py::test_clamp_low" in run.passed and len(run.passed) == 7, run.output[-2000:]
     assert run.failed == {"tests/test_escape.py::test_write_outside"} and not outside.exists()
     assert (shapes / "inside.txt").read_text() == "kept"  # the working copy is the writable place
+
+
+def test_without_the_sandbox_edited_code_is_never_run(shapes, monkeypatch):
+    from environments.code_repair import test_runner
+    from trace_ray.errors import TraceRayError
+
+    monkeypatch.setattr(test_runner, "bubblewrap_problem", lambda: "bubblewrap (bwrap) is not installed")
+    with pytest.raises(TraceRayError, match="only in the sandbox, and bubblewrap \\(bwrap\\) is not installed; run make install-sandbox"):
+        run_tests(shapes, ["tests"], sandboxed=True)

@@ -79,14 +79,17 @@ class CodeRepairEnvironment(ToolEnvironment):
         replayed = self.task_seeds("analysis") or self.task_seeds("eval")
         return replayed[index % len(replayed)]  # the analysis tasks replayed
 
+    def task_for(self, seed: int) -> dict:
+        if seed not in self.by_seed:
+            raise ValueError(f"no {self.name} task with seed {seed} ({len(self.by_seed)} tasks)")
+        return self.by_seed[seed]
+
     def task_fingerprint(self) -> str:
         return f"{self.task['instance_id']}:{self.task['base_commit'][:16]}"
 
     # -- the episode --------------------------------------------------------------------------
     def start_episode(self, seed: int) -> tuple[list[Message], list[Tool], dict[str, Any]]:
-        if seed not in self.by_seed:
-            raise ValueError(f"no {self.name} task with seed {seed} ({len(self.by_seed)} tasks)")
-        self.task = self.by_seed[seed]
+        self.task = self.task_for(seed)
         self._scratch = tempfile.TemporaryDirectory(prefix="code-repair-")
         self.workdir = Path(self._scratch.name) / "repo"
         shutil.copytree(self.source.original(self.task), self.workdir, symlinks=True)

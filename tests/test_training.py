@@ -218,6 +218,7 @@ def train_loop_with_slow_rollouts(loop_config: dict) -> None:
     train_loop_per_worker(loop_config)
 
 
+@pytest.mark.slow
 def test_two_ray_train_workers_keep_identical_replicas(tmp_path, ray_session, monkeypatch):
     """While rank 0 rolls out, rank 1 waits for the batch longer than trainer.collective_timeout_s: in the mailbox,
     which has no timeout (waiting in a gloo broadcast, as ranks did before, it fails the run with a collective timeout)."""
@@ -239,6 +240,7 @@ def test_two_ray_train_workers_keep_identical_replicas(tmp_path, ray_session, mo
     assert (folder / "reward_curve.png").stat().st_size > 0 and any((folder / "tensorboard").iterdir())
 
 
+@pytest.mark.slow
 def test_resumed_run_ends_with_the_same_adapter_as_an_uninterrupted_one(tmp_path, ray_session):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train.run(parity_config(whole, "grpo.iterations=3", "adapter=parity"))
@@ -255,6 +257,7 @@ def test_resumed_run_ends_with_the_same_adapter_as_an_uninterrupted_one(tmp_path
     assert any(expected[key].abs().max() > 1e-2 for key in expected)  # and the adapter really moved
 
 
+@pytest.mark.slow
 def test_fsdp_workers_train_and_resume_to_the_adapter_of_ddp_workers(tmp_path, ray_session):
     """Two workers sharding the base and adapter (FSDP, per-parameter) and stopped after iteration 1, then resumed from
     their gathered checkpoint, end where two DDP replicas trained without a stop end: up to float rounding, which
@@ -279,6 +282,7 @@ def test_fsdp_workers_train_and_resume_to_the_adapter_of_ddp_workers(tmp_path, r
     assert any(expected[key].abs().max() > 1e-2 for key in expected)
 
 
+@pytest.mark.slow
 def test_changed_settings_in_one_run_dir_start_afresh_instead_of_resuming(tmp_path, ray_session):
     train.run(parity_config(tmp_path, "grpo.iterations=1", "adapter=parity"))
     [first] = metrics_of(tmp_path)
@@ -350,6 +354,21 @@ def test_the_run_name_changes_with_every_setting_that_shapes_the_adapter(tmp_pat
     assert len({name, *others}) == 1 + len(others)
 
 
+def test_a_new_optional_setting_at_its_null_default_keeps_run_names_and_stage_fingerprints(tmp_path):
+    from trace_ray.commands.pipeline import STAGES, fingerprint
+    from trace_ray.run_manifest import RunManifest
+
+    config = tiny_config(f"run_dir={tmp_path}", "train_on=env")
+    grown = dataclasses.make_dataclass("GrownEnv", [("new_option", str | None, dataclasses.field(default=None))], bases=(type(config.env),))
+    later = dataclasses.replace(config, env=grown(**dataclasses.asdict(config.env)))
+    [job], [later_job] = train.train_jobs(config), train.train_jobs(later)
+    assert train.run_name(later, later_job) == train.run_name(config, job)  # the checkpoints of a finished run still resume
+    manifest = RunManifest(tmp_path, {"model": "tiny_random", "env": "device"})
+    assert [fingerprint(later, stage, manifest) for stage in STAGES] == [fingerprint(config, stage, manifest) for stage in STAGES]
+    set_later = dataclasses.replace(later, env=dataclasses.replace(later.env, new_option="on"))
+    assert [fingerprint(set_later, stage, manifest) for stage in STAGES][0] != fingerprint(config, STAGES[0], manifest)
+
+
 def test_a_synthetic_environment_is_fingerprinted_by_its_spec_not_its_path(tmp_path):
     for run_dir, difficulty in (("a", 0), ("b", 0), ("c", 1)):
         write_template_spec(tmp_path / run_dir, "tool_calling_precision", difficulty)
@@ -391,6 +410,7 @@ SWEEP = [
 ]
 
 
+@pytest.mark.slow
 def test_a_lora_rank_sweep_trains_an_adapter_of_each_rank_and_a_rerun_resumes_them(tmp_path):
     """``trace-ray train -m ... lora.rank=4,8`` in a fresh process, twice (the second job used to die with the first
     job's thread, which had started the local Ray, with exit status 1 and no message)."""
@@ -517,6 +537,7 @@ def train_loop_after_every_job_arrived(loop_config: dict) -> None:
     train_loop_per_worker(loop_config)
 
 
+@pytest.mark.slow
 def test_capabilities_train_concurrently_when_the_cluster_holds_two_jobs(tmp_path, ray_session, monkeypatch):
     names = ["tool_calling_precision", "datetime_reasoning"]
     write_selection(tmp_path, [{"name": name, "status": "READY"} for name in names])

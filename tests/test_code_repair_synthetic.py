@@ -99,6 +99,7 @@ def test_templates_are_registered_for_the_code_repair_target():
         CodeRepairTemplateEnvironment("edit_precision", 9)
 
 
+@pytest.mark.integration  # test runs in the sandbox
 def test_an_episode_in_the_sandbox_oracle_1_broken_turn_0_and_the_tools_see_the_generated_module():
     env = CodeRepairTemplateEnvironment("failure_reproduction", 1)
     seed = env.task_seeds("analysis")[0]

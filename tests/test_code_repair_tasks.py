@@ -8,6 +8,8 @@ import pytest
 from environments.code_repair.packages import Package
 from environments.code_repair.tasks import build_tasks, failure_report, run_tests
 
+pytestmark = pytest.mark.integration  # task validation runs the package's own tests
+
 MODULE = '''\
 def clamp(value, low, high):
     if value < low:

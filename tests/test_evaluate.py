@@ -85,6 +85,7 @@ def test_every_method_needs_the_base_models_tasks():
         report_rows([base, MethodScores("x", ["a", "b"], [1.0, 0.0], [True, False], 0)])
 
 
+@pytest.mark.integration
 def test_an_out_of_band_capability_with_an_adapter_is_routed_like_a_ready_one(tmp_path):
     from trace_ray.routing.adapters import served_adapters, trained_adapters
 
@@ -104,6 +105,7 @@ def write_metrics(folder, rollouts):
     pq.write_table(pa.Table.from_pylist(rows), folder / "metrics.parquet")
 
 
+@pytest.mark.integration
 def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
     write_capability_run(tmp_path, names)
@@ -181,6 +183,7 @@ def test_evaluate_without_adapters_is_a_one_line_error(tmp_path, capsys):
     assert "run trace-ray identify" in err and err.count("\n") == 1 and not (tmp_path / "eval").exists()
 
 
+@pytest.mark.integration
 def test_evaluate_plays_the_routers_that_route_trained(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
     write_capability_run(tmp_path, names)

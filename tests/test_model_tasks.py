@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests.run_dirs import write_capability_run
 from trace_ray.cli import main
 
@@ -20,6 +22,7 @@ def refuse_weights_here(monkeypatch):
     monkeypatch.setattr("trace_ray.models.load_model", refuse)
 
 
+@pytest.mark.integration
 def test_route_and_evaluate_load_no_weights_in_the_driver(tmp_path, monkeypatch, capsys):
     write_capability_run(tmp_path, ["datetime_reasoning", "information_reporting"])
     refuse_weights_here(monkeypatch)

@@ -159,6 +159,7 @@ def test_a_sweep_runs_each_combination_in_its_own_directory_and_reuses_shared_st
     assert "| selection.rho-0.05 |" in summary and "| selection.rho-0.5 |" in summary
 
 
+@pytest.mark.slow
 def test_a_lora_rank_sweep_sharing_one_checkpoint_store_trains_each_rank_and_a_rerun_skips(finished_run, tmp_path, capsys):
     """One trainer.storage_path for every combination (as the cluster preset sets it): each rank's training is a Ray
     Train run of its own (the second used to resume the first one's checkpoint and fail on its shapes)."""

@@ -75,6 +75,7 @@ def test_actors_that_never_come_up_are_reported_then_given_up_on(ray_session, mo
     ray_session.kill(stuck)
 
 
+@pytest.mark.slow
 def test_two_train_workers_train_on_a_two_core_ray(tmp_path):
     """The command that used to hang on this machine (the environment actor pending forever) trains to the end."""
     command = [

@@ -42,6 +42,7 @@ def label_logits_by_hand(run_dir, seeds):
     return raw, calibrated
 
 
+@pytest.mark.integration
 def test_route_scores_every_router_against_oracle_labels(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
     write_capability_run(tmp_path, names)
@@ -77,6 +78,7 @@ def test_route_scores_every_router_against_oracle_labels(tmp_path):
     assert "logit router accuracy" in text and "| learned | not trained" in text
 
 
+@pytest.mark.integration
 def test_the_learned_gate_trains_on_mixed_labels_and_is_scored_on_held_out_tasks(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
     write_capability_run(tmp_path, names)
@@ -120,6 +122,7 @@ def test_no_trained_adapter_is_one_line_error(tmp_path, capsys):
     assert "no trained capability adapter" in err and "trace-ray train" in err and err.count("\n") == 1
 
 
+@pytest.mark.integration
 def test_the_learned_routers_also_train_on_tasks_of_the_adapters_synthetic_environments(tmp_path):
     names = ["datetime_reasoning", "information_reporting"]
     write_capability_run(tmp_path, names)

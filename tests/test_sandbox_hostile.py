@@ -16,6 +16,8 @@ from environments.synthetic.sandbox import SandboxedEnvironment, SandboxError, S
 from tests.test_llm_synthesis import OPTIONS, SEEDS, TOOLS, VALID, variant
 from trace_ray.synthesis.llm_synthesis import sandbox_admission
 
+pytestmark = pytest.mark.integration  # hostile modules in the bubblewrap sandbox
+
 STRICT = SandboxLimits(call_timeout_s=3.0, memory_mb=400, start_timeout_s=20.0, cpu_s=20, processes=16, open_files=64)
 PROJECT = Path(__file__).resolve().parents[1]
 

@@ -12,6 +12,8 @@ from trace_ray.cli import compose_config, main
 from trace_ray.environment_setup import environment_maker
 from tests.test_code_repair_tasks import MODULE, TESTS
 
+pytestmark = pytest.mark.integration  # every episode runs the repository's tests in the sandbox
+
 BUGGY = MODULE.replace("return number % 2 == 0", "return number % 2 == 1")
 VISIBLE_TESTS = TESTS.split("\n\ndef test_even")[0] + "\n"
 HIDDEN_TEST = "from shapes.core import is_even\n\n\ndef test_even():\n    assert is_even(4) and not is_even(7)\n"

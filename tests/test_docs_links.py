@@ -22,10 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_FOLDERS = {"runs", "outputs", "node_modules"}
 README_MAX_LINES = 300
 
-# Targets that are linked before they exist: the evidence run's results, which docs/results/device-smollm2/
-# receives once the run has finished. Skipped only while missing; once there, they are checked like any link.
-PUBLISHED_LATER = {"docs/results/device-smollm2"}
-
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,}).*?^ {0,3}\1[`~]*[ \t]*$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.DOTALL)
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^\s()]*(?:\([^\s()]*\)[^\s()]*)*)")
@@ -67,12 +63,6 @@ def broken_links(source: Path) -> list[str]:
     for target in link_targets(source.read_text(encoding="utf-8")):
         path = local_path(source, target)
         if path is None or path.exists():
-            continue
-        try:
-            relative = path.resolve().relative_to(ROOT).as_posix().rstrip("/")
-        except ValueError:
-            relative = None
-        if relative in PUBLISHED_LATER:
             continue
         broken.append(target)
     return broken

@@ -66,6 +66,7 @@ def served_model(tmp_path_factory):
         log.close()
 
 
+@pytest.mark.slow  # the embedded model serves as the analyst of every labeling run
 def test_identify_with_the_embedded_model_as_analyst(tmp_path, served_model, ray_session):
     write_device_trajectories(tmp_path, range(0, 3), follow_oracle=True)
     write_device_trajectories(tmp_path, range(7, 10), follow_oracle=False)

@@ -21,7 +21,7 @@ from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts  # no
 from tests.test_hf_engine import forward_logprobs, prompts_for, wait_until  # noqa: E402
 from tests.test_rollout_loop import assert_logprobs_match_a_forward  # noqa: E402
 
-pytestmark = pytest.mark.integration  # a vLLM engine on the embedded model
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a vLLM engine on the embedded model (about a minute to start)
 
 VLLM = ["model=smollm2_135m", "engine=vllm_cpu", "model.max_context_tokens=2048", "engine.max_loras=2", "engine.max_lora_rank=8"]
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}

@@ -151,3 +151,31 @@ def test_code_repair_capabilities_are_present_in_a_careful_fix_and_lacking_where
     assert reward == 1.0 and wandering["minimal_change"] == "LACKING" and wandering["edit_precision"] == "PRESENT"
     nothing, reward = labels_of(env, 0, [])
     assert reward == 0.0 and set(nothing.values()) == {"LACKING"}
+
+
+def test_a_task_folder_on_a_local_package_is_env_code_repair_with_env_tasks_dir(tmp_path, shapes):  # noqa: F811
+    from environments.code_repair.sources import write_task_folder
+    from environments.self_checks import oracle, play
+    from trace_ray.cli import compose_config
+    from trace_ray.environment_setup import environment_maker
+
+    tasks = build_tasks(SHAPES, shapes, digest="d" * 64, count=2, seed=1)
+    folder = write_task_folder(tmp_path / "tasks", [(SHAPES, shapes)], [{**task, "split": "eval"} for task in tasks])
+    env = environment_maker(compose_config("score", ["env=code_repair", f"env.tasks_dir={folder}"]).env)()
+    assert env.task_seeds("eval") == [0, 1] and env.source.packages["pypi/shapes"] == SHAPES
+    assert [play(env, seed, oracle)[0] for seed in (0, 1)] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("written, message", [
+    ((), "lacks tasks.jsonl and packages.json"),
+    (("tasks.jsonl",), "lacks packages.json"),
+    (("tasks.jsonl", "packages.json"), "does not describe"),
+])
+def test_a_bad_task_folder_is_one_line_naming_what_is_missing(tmp_path, capsys, written, message):
+    from trace_ray.cli import main
+
+    for name in written:
+        (tmp_path / name).write_text('{"repo": "pypi/other"}\n' if name == "tasks.jsonl" else "[]")
+    assert main(["check-env", "env=code_repair", f"env.tasks_dir={tmp_path}", "limit=1"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert message in error and len(error.splitlines()) == 1

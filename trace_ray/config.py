@@ -110,6 +110,8 @@ class EnvConfig:
     # env=swebench: SWE-bench instances (a JSONL file) and their repositories checked out at base_commit
     instances: Optional[str] = None
     repos_dir: Optional[str] = None
+    # env=code_repair: a folder of tasks on local packages (tasks.jsonl, packages.json); null: the pinned packages'
+    tasks_dir: Optional[str] = None
 
 
 @dataclass

@@ -30,6 +30,8 @@ def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
         options.update(spec=env.spec, difficulty=env.difficulty)
     if env.name == "swebench":
         options.update(instances=env.instances, repos_dir=env.repos_dir)
+    if env.name == "code_repair":
+        options.update(tasks_dir=env.tasks_dir)
     if env.name in TAU2_ENVS:
         from environments.tau2.package import Tau2NotInstalledError, tau2_module
 

@@ -58,10 +58,10 @@ class CodeRepairEnvironment(ToolEnvironment):
     name = "code_repair"
 
     def __init__(self, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0,
-                 source: TaskSource | None = None):
+                 source: TaskSource | None = None, tasks_dir: str | None = None):
         super().__init__(max_turns=max_turns, max_tool_calls_per_turn=max_tool_calls_per_turn)
         self.success_threshold = success_threshold
-        self.source = source or PackageSource.from_cache()
+        self.source = source or (PackageSource.from_folder(tasks_dir) if tasks_dir else PackageSource.from_cache())
         self.by_seed = dict(enumerate(self.source.tasks))
         self.task: dict | None = None
         self.workdir: Path | None = None

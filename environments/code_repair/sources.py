@@ -7,7 +7,9 @@ agent's working copy when grading).
 
 - :class:`PackageSource` (``env=code_repair``): ``tasks.jsonl`` built by
   ``make install-code-repair``; the original is the unpacked package, the
-  working copy gets the task's mutation.
+  working copy gets the task's mutation. With ``env.tasks_dir=DIR``, tasks on
+  local packages instead: ``DIR/tasks.jsonl`` and ``DIR/packages.json``
+  (written by :func:`write_task_folder`).
 - :class:`SWEBenchSource` (``env=swebench``): official SWE-bench instances
   (a JSONL file) and a folder of repository checkouts at their
   ``base_commit``, one per instance (``<repos_dir>/<instance_id>``, or one per
@@ -19,13 +21,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from environments.code_repair.packages import PACKAGES, Package, cache_dir, unpack
 from trace_ray.errors import TraceRayError
 
 TASKS_FILE = "tasks.jsonl"
+PACKAGES_FILE = "packages.json"  # a task folder's packages: each one's fields and its unpacked tree ("root")
 NOT_SOURCE = ("conftest.py", "setup.py", "noxfile.py")
 SWE_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 
@@ -115,6 +118,25 @@ class PackageSource(TaskSource):
         roots = {repo: unpack(package, cache_dir() / "unpacked") for repo, package in packages.items()}
         return cls(tasks, packages, roots)
 
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "PackageSource":
+        """Tasks on local packages: ``folder/tasks.jsonl`` and ``folder/packages.json`` (see :func:`write_task_folder`)."""
+        folder = Path(folder)
+        missing = [name for name in (TASKS_FILE, PACKAGES_FILE) if not (folder / name).is_file()]
+        if missing:
+            raise TraceRayError(f"env.tasks_dir={folder} lacks {' and '.join(missing)}; write the folder with "
+                                "environments.code_repair.sources.write_task_folder, or leave env.tasks_dir out")
+        tasks = [json.loads(line) for line in (folder / TASKS_FILE).read_text(encoding="utf-8").splitlines() if line.strip()]
+        packages, roots = {}, {}
+        for entry in json.loads((folder / PACKAGES_FILE).read_text(encoding="utf-8")):
+            fields = {key: tuple(value) if isinstance(value, list) else value for key, value in entry.items() if key != "root"}
+            package = Package(**fields)
+            packages[f"pypi/{package.name}"], roots[f"pypi/{package.name}"] = package, folder / entry["root"]
+        unknown = sorted({task["repo"] for task in tasks} - set(packages))
+        if unknown:
+            raise TraceRayError(f"{folder / TASKS_FILE} has tasks of {', '.join(unknown)}, which {folder / PACKAGES_FILE} does not describe")
+        return cls(tasks, packages, roots)
+
     def original(self, task: dict) -> Path:
         return self.roots[task["repo"]]
 
@@ -139,6 +161,22 @@ class PackageSource(TaskSource):
         path = Path(relative)
         tests = [Path(test) for test in self.packages[task["repo"]].tests]
         return any(path == test or test in path.parents for test in tests) or "test" in path.parts[0]
+
+
+def write_task_folder(folder: str | Path, packages: list[tuple[Package, Path]], tasks: list[dict]) -> Path:
+    """A task folder for ``env.tasks_dir``: ``tasks`` (from ``tasks.build_tasks``, each with its ``split``) on local
+    ``packages``, each (package, its tree), the tree copied in as the task's original."""
+    import shutil
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    described = []
+    for package, root in packages:
+        shutil.copytree(root, folder / "packages" / package.name, dirs_exist_ok=True)
+        described.append({**asdict(package), "root": f"packages/{package.name}"})
+    (folder / PACKAGES_FILE).write_text(json.dumps(described, indent=1), encoding="utf-8")
+    (folder / TASKS_FILE).write_text("".join(json.dumps(task) + "\n" for task in tasks), encoding="utf-8")
+    return folder
 
 
 @dataclass

@@ -113,7 +113,9 @@ class CodeRepairEnvironment(ToolEnvironment):
                  {"type": "object", "properties": {"target": {"type": "string"}}}, self._run_tests),
             Tool("submit", "Submit the fix; the episode ends.", {"type": "object", "properties": {}}, self._submit),
         ]
-        return messages, tools, {"instance_id": self.task["instance_id"], "repo": self.task["repo"]}
+        task = self.task
+        return messages, tools, {"task_id": task["instance_id"], "family": task.get("family", task["repo"]), "seed": seed,
+                                 "instance_id": task["instance_id"], "repo": task["repo"]}
 
     def on_agent_reply(self, text: str) -> tuple[list[Message], bool]:
         return [], True  # the agent is done: a reply ends the episode as submit does

@@ -36,7 +36,7 @@ def instance(task: SyntheticTask, seed: int) -> dict:
     digest = hashlib.sha256((task.buggy + task.tests).encode()).hexdigest()
     return {
         "instance_id": f"synthetic__{task.capability}-{seed}", "repo": f"synthetic/{task.module.name}", "base_commit": digest,
-        "problem_statement": task.issue, "patch": "", "test_patch": "", "split": "train",
+        "problem_statement": task.issue, "patch": "", "test_patch": "", "split": "train", "family": f"synthetic/{task.capability}",
         "FAIL_TO_PASS": task.fail_to_pass, "PASS_TO_PASS": task.pass_to_pass, "synthetic": task,
     }
 

@@ -61,6 +61,7 @@ install-bench: $(BENCH_STAMP)
 
 demo: install
 	$(VENV)/bin/trace-ray pipeline run_dir=runs/demo model=smollm2_135m env=device budget=demo
+	@echo "The demo shows every stage working on a small budget; the evidence run (budget=evidence) is in docs/results/device-smollm2/"
 
 test: install
 	$(PY) -m pytest -q -m 'not slow'

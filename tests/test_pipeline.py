@@ -177,3 +177,22 @@ def test_a_lora_rank_sweep_sharing_one_checkpoint_store_trains_each_rank_and_a_r
     capsys.readouterr()
     assert main(sweep) == 0
     assert capsys.readouterr().out.count("train: up to date, skipped") == 2
+
+
+def test_grpo_on_the_target_is_matched_to_the_rollouts_of_the_adapters_trace_routes(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trace_ray.commands.pipeline import matched_budget
+
+    entries = [{"name": name, "status": "OUT_OF_BAND", "environment": f"synthetic/{name}"} for name in ("kept", "stale", "untrained")]
+    (tmp_path / "capabilities").mkdir()
+    (tmp_path / "capabilities" / "selected.json").write_text(json.dumps(entries))
+    for name, rollouts, exported in (("kept", [32, 16], True), ("stale", [48], False)):  # stale: an earlier attempt's log only
+        folder = tmp_path / "adapters" / name
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"iteration": list(range(1, len(rollouts) + 1)), "rollouts": rollouts}), folder / "metrics.parquet")
+        if exported:
+            (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    config = compose_config("pipeline", MINIMAL)  # a batch of 2 x 1 rollouts
+    assert matched_budget(config, tmp_path) == {"grpo__iterations": 24, "grpo__max_rollouts": 48}

@@ -57,7 +57,10 @@ def matched_budget(config: TraceConfig, run_dir: Path) -> dict[str, int]:
     same total; the iterations are as many as that total allows (at least one batch).
     """
     batch = config.grpo.group_size * config.grpo.groups_per_batch
-    spent = max(batch, sum(rollouts_spent(run_dir / "adapters" / name) for name in synthesized_capabilities(run_dir)))
+    # the adapters TRACE routes (an exported one per capability); a skipped capability's training log left by an
+    # earlier attempt in the same run directory is not part of this run's budget
+    exported = [name for name in synthesized_capabilities(run_dir) if (run_dir / "adapters" / name / "adapter_model.safetensors").is_file()]
+    spent = max(batch, sum(rollouts_spent(run_dir / "adapters" / name) for name in exported))
     return {"grpo__iterations": math.ceil(spent / batch), "grpo__max_rollouts": spent}
 
 

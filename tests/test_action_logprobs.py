@@ -205,6 +205,7 @@ def test_long_action_runs_are_scored_in_chunks(tiny_policy):
 
 
 @pytest.mark.integration  # the embedded model's weights
+@pytest.mark.slow  # a forward of SmolLM2 per row and per group, in float64 too (the tiny model's version is not slow)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_smollm2_shared_prefix_equals_whole_sequences(dtype):
     """float64 with eager attention: the log-probs are equal to 1e-9 (measured 6e-14). The gradients to 1e-6 of the

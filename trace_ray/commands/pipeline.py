@@ -56,11 +56,11 @@ def matched_budget(config: TraceConfig, run_dir: Path) -> dict[str, int]:
     The cap (``grpo.max_rollouts``) holds dynamic sampling's extra batches to the
     same total; the iterations are as many as that total allows (at least one batch).
     """
+    from trace_ray.routing.adapters import routable_adapters
+
     batch = config.grpo.group_size * config.grpo.groups_per_batch
-    # the adapters TRACE routes (an exported one per capability); a skipped capability's training log left by an
-    # earlier attempt in the same run directory is not part of this run's budget
-    exported = [name for name in synthesized_capabilities(run_dir) if (run_dir / "adapters" / name / "adapter_model.safetensors").is_file()]
-    spent = max(batch, sum(rollouts_spent(run_dir / "adapters" / name) for name in exported))
+    # the adapters TRACE routes: a skipped capability's training log left by an earlier attempt is not this run's budget
+    spent = max(batch, sum(rollouts_spent(adapter.folder) for adapter in routable_adapters(run_dir)))
     return {"grpo__iterations": math.ceil(spent / batch), "grpo__max_rollouts": spent}
 
 

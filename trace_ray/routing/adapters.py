@@ -33,16 +33,20 @@ def read_peft_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return load_file(str(folder / "adapter_model.safetensors")), lora_config
 
 
-def trained_adapters(run_dir: Path) -> list[TrainedAdapter]:
+def routable_adapters(run_dir: Path) -> list[TrainedAdapter]:
     """Every exported adapter of ``run_dir/adapters/`` whose capability has an environment in selected.json
-    (READY, or OUT_OF_BAND trained under ``synthesis.accept_out_of_band``), in selection order."""
-    read_selection(run_dir, "run trace-ray identify, synthesize and train run_dir=DIR first")
-    entries = synthesized_entries(run_dir)
-    adapters = [
+    (READY, or OUT_OF_BAND trained under ``synthesis.accept_out_of_band``), in selection order; none before training."""
+    return [
         TrainedAdapter(e["name"], run_dir / "adapters" / e["name"], e.get("description", ""), e.get("environment"))
-        for e in entries
+        for e in synthesized_entries(run_dir)
         if (run_dir / "adapters" / e["name"] / "adapter_model.safetensors").is_file()
     ]
+
+
+def trained_adapters(run_dir: Path) -> list[TrainedAdapter]:
+    """The routable adapters (:func:`routable_adapters`); an error naming the missing step when there are none."""
+    read_selection(run_dir, "run trace-ray identify, synthesize and train run_dir=DIR first")
+    adapters = routable_adapters(run_dir)
     if not adapters:
         raise TraceRayError(f"no trained capability adapter in {run_dir / 'adapters'}; run trace-ray train run_dir={run_dir} first")
     return adapters

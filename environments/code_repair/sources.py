@@ -20,6 +20,7 @@ agent's working copy when grading).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -166,8 +167,6 @@ class PackageSource(TaskSource):
 def write_task_folder(folder: str | Path, packages: list[tuple[Package, Path]], tasks: list[dict]) -> Path:
     """A task folder for ``env.tasks_dir``: ``tasks`` (from ``tasks.build_tasks``, each with its ``split``) on local
     ``packages``, each (package, its tree), the tree copied in as the task's original."""
-    import shutil
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     described = []

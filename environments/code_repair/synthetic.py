@@ -20,6 +20,7 @@ from environments.code_repair.environment import CodeRepairEnvironment, tool_cal
 from environments.code_repair.sources import TaskSource
 from environments.code_repair.synthetic_templates import TEMPLATES, SyntheticTask, make_task
 from environments.protocol import Message
+from environments.synthetic.seeds import TemplateSeeds
 
 SPLIT_SEEDS = {"analysis": tuple(range(700_000, 700_032)), "eval": tuple(range(700_032, 700_064))}
 TRAIN_SEED_OFFSET = 4_000_000
@@ -79,7 +80,9 @@ class GeneratedSource(TaskSource):
         return relative.startswith("tests/")
 
 
-class CodeRepairTemplateEnvironment(CodeRepairEnvironment):
+class CodeRepairTemplateEnvironment(TemplateSeeds, CodeRepairEnvironment):
+    split_seeds, train_seed_offset = SPLIT_SEEDS, TRAIN_SEED_OFFSET
+
     def __init__(self, capability: str, difficulty: int, max_turns: int = 50, max_tool_calls_per_turn: int = 8,
                  success_threshold: float = 1.0):
         if capability not in TEMPLATES:
@@ -90,16 +93,6 @@ class CodeRepairTemplateEnvironment(CodeRepairEnvironment):
         super().__init__(max_turns, max_tool_calls_per_turn, success_threshold, source=GeneratedSource())
         self.capability, self.difficulty = capability, difficulty
         self.name = f"synthetic/{capability}"
-
-    def task_seeds(self, split: str) -> list[int]:
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"unknown split {split!r}; a synthetic environment has analysis and eval seeds (train: train_seed)")
-        return list(SPLIT_SEEDS[split])
-
-    def train_seed(self, index: int) -> int:
-        if index < 0:
-            raise ValueError("train seed index must be >= 0")
-        return TRAIN_SEED_OFFSET + index
 
     def task_for(self, seed: int) -> dict:
         return instance(cached_task(self.capability, self.difficulty, seed), seed)

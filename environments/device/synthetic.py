@@ -16,6 +16,7 @@ from environments.device.environment import DeviceEnvironment
 from environments.device.scenarios import Scenario
 from environments.device.synthetic_templates import TEMPLATES, DeviceTemplate
 from environments.protocol import Message
+from environments.synthetic.seeds import TemplateSeeds
 
 SYNTHETIC_SPLIT_SEEDS = {"analysis": tuple(range(500_000, 500_032)), "eval": tuple(range(500_032, 500_064))}
 SYNTHETIC_TRAIN_SEED_OFFSET = 2_000_000
@@ -37,7 +38,9 @@ def make_template_scenario(template: DeviceTemplate, seed: int, difficulty: int)
     )
 
 
-class DeviceTemplateEnvironment(DeviceEnvironment):
+class DeviceTemplateEnvironment(TemplateSeeds, DeviceEnvironment):
+    split_seeds, train_seed_offset = SYNTHETIC_SPLIT_SEEDS, SYNTHETIC_TRAIN_SEED_OFFSET
+
     def __init__(
         self, capability: str, difficulty: int, max_turns: int = 50, max_tool_calls_per_turn: int = 8,
         success_threshold: float = 1.0,
@@ -48,16 +51,6 @@ class DeviceTemplateEnvironment(DeviceEnvironment):
             raise ValueError(f"difficulty {difficulty} of {capability!r} is not one of {list(self.template.difficulties)}")
         self.difficulty = difficulty
         self.name = f"synthetic/{capability}"
-
-    def task_seeds(self, split: str) -> list[int]:
-        if split not in SYNTHETIC_SPLIT_SEEDS:
-            raise ValueError(f"unknown split {split!r}; a synthetic environment has analysis and eval seeds (train: train_seed)")
-        return list(SYNTHETIC_SPLIT_SEEDS[split])
-
-    def train_seed(self, index: int) -> int:
-        if index < 0:
-            raise ValueError("train seed index must be >= 0")
-        return SYNTHETIC_TRAIN_SEED_OFFSET + index
 
     def make_scenario(self, seed: int) -> Scenario:
         return make_template_scenario(self.template, seed, self.difficulty)

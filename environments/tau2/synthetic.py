@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from environments.protocol import Message
+from environments.synthetic.seeds import TemplateSeeds
 from environments.tau2.airline_templates import AIRLINE_TEMPLATES
 from environments.tau2.package import agent_tools
 from environments.tau2.retail_templates import RETAIL_TEMPLATES
@@ -76,7 +77,9 @@ def score_task(task: Tau2Task, db_hash: str, final_reply: str, success_threshold
     return reward, {"milestones": milestones, "score": reward, "success": reward >= success_threshold, "family": f"synthetic/{task.capability}"}
 
 
-class Tau2TemplateEnvironment(ToolEnvironment):
+class Tau2TemplateEnvironment(TemplateSeeds, ToolEnvironment):
+    split_seeds, train_seed_offset = SPLIT_SEEDS, TRAIN_SEED_OFFSET
+
     def __init__(
         self, capability: str, difficulty: int, max_turns: int = 50, max_tool_calls_per_turn: int = 8,
         success_threshold: float = 1.0, *, domain: str,
@@ -94,16 +97,6 @@ class Tau2TemplateEnvironment(ToolEnvironment):
         self._answers = 0
 
     # -- tasks --------------------------------------------------------------------------
-    def task_seeds(self, split: str) -> list[int]:
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"unknown split {split!r}; a synthetic environment has analysis and eval seeds (train: train_seed)")
-        return list(SPLIT_SEEDS[split])
-
-    def train_seed(self, index: int) -> int:
-        if index < 0:
-            raise ValueError("train seed index must be >= 0")
-        return TRAIN_SEED_OFFSET + index
-
     def make_task(self, seed: int) -> Tau2Task:
         return make_task(self.domain, self.template.capability, self.difficulty, seed)
 

@@ -148,9 +148,42 @@ def test_synthesis_stops_once_enough_capabilities_are_trainable_and_one_without_
     assert "1 capabilities trainable (synthesis.stop_after): switching_b left PENDING" in capsys.readouterr().out
     [job] = train.train_jobs(compose_config("train", [f"run_dir={tmp_path}", "model=tiny_random", "synthesis.accept_out_of_band=true"]))
     assert job.name == "switching"
-    assert "unlearnable: OUT_OF_BAND, skipped, no GRPO signal (every calibration group scored alike;" in capsys.readouterr().out
+    assert "unlearnable: OUT_OF_BAND, skipped, too little GRPO signal (0.00 of its calibration groups informative" in capsys.readouterr().out
     with_it = compose_config("train", [f"run_dir={tmp_path}", "model=tiny_random", "synthesis.accept_out_of_band=true", "synthesis.train_without_signal=true"])
     assert sorted(job.name for job in train.train_jobs(with_it)) == ["switching", "unlearnable"]
+
+
+def test_a_weak_signal_below_min_informative_fraction_is_neither_counted_nor_trained(tmp_path, templates, monkeypatch, capsys):
+    """One informative group in three (the last evidence run's information_reporting had one in four): trained when accepted, unless
+    synthesis.min_informative_fraction asks for more; then synthesis goes on to the next capability."""
+    monkeypatch.setitem(TEMPLATES, "weak", DeviceTemplate("weak", "turn several settings on", switch_settings, (1, 2, 3), 1))
+
+    def rollouts(env, seeds, label):
+        if env.capability != "weak":
+            return scripted_rollouts(env, seeds, label)
+        return [[(1.0, True)] + [(0.0, False)] * 3 if i == 0 else [(0.0, False)] * 4 for i, _ in enumerate(seeds)]
+
+    accept = ["synthesis.accept_out_of_band=true", "synthesis.stop_after=1", "synthesis.capabilities=[weak,switching]"]
+    write_selection(tmp_path, "weak", "switching")
+    synthesize.run(config_for(tmp_path, *accept), rollouts=rollouts)
+    statuses = {e["name"]: e["status"] for e in json.loads((tmp_path / "capabilities" / "selected.json").read_text())}
+    assert statuses == {"weak": "OUT_OF_BAND", "switching": "PENDING"}  # one informative group counts by default
+
+    strict = tmp_path / "strict"
+    write_selection(strict, "weak", "switching")
+    synthesize.run(config_for(strict, *accept, "synthesis.min_informative_fraction=0.5"), rollouts=rollouts)
+    statuses = {e["name"]: e["status"] for e in json.loads((strict / "capabilities" / "selected.json").read_text())}
+    assert statuses == {"weak": "OUT_OF_BAND", "switching": "READY"}
+    train_overrides = [f"run_dir={strict}", "model=tiny_random", "synthesis.accept_out_of_band=true"]
+    assert sorted(job.name for job in train.train_jobs(compose_config("train", train_overrides))) == ["switching", "weak"]
+    [job] = train.train_jobs(compose_config("train", [*train_overrides, "synthesis.min_informative_fraction=0.5"]))
+    assert job.name == "switching"
+    assert "weak: OUT_OF_BAND, skipped, too little GRPO signal (0.33 of its calibration groups informative" in capsys.readouterr().out
+
+
+def test_min_informative_fraction_outside_0_1_is_a_config_error(tmp_path):
+    with pytest.raises(TraceRayError, match=r"synthesis.min_informative_fraction must be in \[0, 1\], got 1.5"):
+        compose_config("train", [f"run_dir={tmp_path}", "synthesis.min_informative_fraction=1.5"])
 
 
 @pytest.mark.parametrize("start, rounds", [("default", [3]), ("easiest", [1, 2])])

@@ -182,6 +182,8 @@ class SynthesisConfig:
     self_check_seeds: int = MISSING  # test seeds every self-check runs on
     accept_out_of_band: bool = MISSING  # train also capabilities whose calibration found no level in band
     train_without_signal: bool = MISSING  # with accept_out_of_band: train also where every calibration group scored alike
+    min_informative_fraction: Optional[float] = None  # with accept_out_of_band: train only where at least this share of
+    # the nearest level's calibration groups was informative (null: any)
     stop_after: Optional[int] = None  # stop once this many capabilities are trainable, the rest left PENDING (null: all)
     # llm: an OpenAI-compatible endpoint and generation model, the variable holding its API key,
     # sampling temperature, modules generated per capability before giving up, failed trajectories
@@ -517,6 +519,8 @@ def _validate_tau2_env(env: EnvConfig) -> None:
 def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConfig) -> None:
     _require(synthesis.name in SYNTHESIS_SOURCES, f"synthesis={synthesis.name!r} is not one of {', '.join(SYNTHESIS_SOURCES)}")
     _require(synthesis.self_check_seeds >= 2, f"synthesis.self_check_seeds must be >= 2, got {synthesis.self_check_seeds}")
+    _require(synthesis.min_informative_fraction is None or 0.0 <= synthesis.min_informative_fraction <= 1.0,
+             f"synthesis.min_informative_fraction must be in [0, 1], got {synthesis.min_informative_fraction}")
     if synthesis.name == "llm":
         _require(bool(synthesis.base_url) and bool(synthesis.model), "synthesis=llm needs synthesis.base_url=http://HOST:PORT/v1 and synthesis.model=NAME")
         for key in ("max_attempts", "examples", "max_chars", "timeout_s", "max_retries", "call_timeout_s", "memory_mb"):

@@ -35,19 +35,23 @@ def read_selection(run_dir: Path, missing_hint: str = "run trace-ray identify ru
     return entries
 
 
-def has_signal(entry: dict[str, Any]) -> bool:
-    """Whether an OUT_OF_BAND entry's nearest level had a calibration group with unequal rewards (where every group
-    scored alike, GRPO has no advantage to follow)."""
+def informative_fraction(entry: dict[str, Any]) -> float:
+    """The share of calibration groups at an OUT_OF_BAND entry's nearest level whose rewards were not all equal
+    (where every group scored alike, GRPO has no advantage to follow)."""
     nearest = entry.get("nearest_level") or {}
-    return nearest.get("all_zero_fraction", 0.0) + nearest.get("all_success_fraction", 0.0) < 1.0 - 1e-9
+    return max(0.0, 1.0 - nearest.get("all_zero_fraction", 0.0) - nearest.get("all_success_fraction", 0.0))
 
 
-def trainable(entry: dict[str, Any], accept_out_of_band: bool, without_signal: bool = False) -> bool:
-    """Whether the entry's environment is trained: READY; OUT_OF_BAND when accepted and it has a GRPO signal
-    (:func:`has_signal`) or ``without_signal`` allows it anyway."""
+def trainable(entry: dict[str, Any], synthesis: Any) -> bool:
+    """Whether the entry's environment is trained: READY; OUT_OF_BAND under ``synthesis.accept_out_of_band`` when
+    its nearest level gave GRPO a signal (some informative calibration groups, at least
+    ``synthesis.min_informative_fraction`` of them) or ``synthesis.train_without_signal`` allows it anyway."""
     if entry.get("status") == READY:
         return True
-    return entry.get("status") == OUT_OF_BAND and accept_out_of_band and (without_signal or has_signal(entry))
+    if entry.get("status") != OUT_OF_BAND or not synthesis.accept_out_of_band:
+        return False
+    share = informative_fraction(entry)
+    return synthesis.train_without_signal or (share > 1e-9 and share >= (synthesis.min_informative_fraction or 0.0) - 1e-9)
 
 
 def synthesized_entries(run_dir: Path) -> list[dict[str, Any]]:

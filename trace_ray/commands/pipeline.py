@@ -111,7 +111,9 @@ STAGES = [
         lambda c, d: ["environments", "capabilities/selected.json"],
     ),
     Stage(
-        "train", "train", ("grpo", "lora", "synthesis.accept_out_of_band", "synthesis.train_without_signal"),
+        "train", "train", (
+            "grpo", "lora", "synthesis.accept_out_of_band", "synthesis.train_without_signal", "synthesis.min_informative_fraction",
+        ),
         lambda c, d: _replace(c, train_on="capabilities", capability=None, adapter=None),
         lambda c, d: [f"adapters/{name}" for name in synthesized_capabilities(d)],
     ),

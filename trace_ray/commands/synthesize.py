@@ -257,8 +257,7 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
             status, reason = OUT_OF_BAND, out_of_band_reason(chosen)
             set_status(run_dir, name, status, reason, chosen.figures())
             console.print(f"[yellow]{name} {status}[/yellow]: {reason}", soft_wrap=True)
-        synthesis = config.synthesis
-        ready += trainable({"status": status, "nearest_level": chosen.figures()}, synthesis.accept_out_of_band, synthesis.train_without_signal)
+        ready += trainable({"status": status, "nearest_level": chosen.figures()}, config.synthesis)
         rows.append((
             name, spec["source"], str(spec["difficulty"]), "yes" if spec["in_band"] else "no",
             f"{chosen.stats.mean_reward:.3f}", f"{chosen.stats.success_rate:.3f}", status,

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path, trainable
+from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, informative_fraction, read_selection, selection_path, trainable
 from trace_ray.commands.pipeline import job_name
 from trace_ray.config import GRPOConfig, TraceConfig
 from trace_ray.console import console, print_table
@@ -75,16 +75,20 @@ def trainable_entries(config: TraceConfig, run_dir: Path) -> list[dict]:
     accept = config.synthesis.accept_out_of_band
     outside = [entry for entry in entries if entry.get("status") == OUT_OF_BAND]
     for entry in outside:
-        if trainable(entry, accept, config.synthesis.train_without_signal):
+        if trainable(entry, config.synthesis):
             verdict = "trained anyway (synthesis.accept_out_of_band=true)"
         else:
-            verdict = "skipped" if not accept else "skipped, no GRPO signal (every calibration group scored alike; synthesis.train_without_signal=true trains it)"
+            verdict = "skipped" if not accept else (
+                f"skipped, too little GRPO signal ({informative_fraction(entry):.2f} of its calibration groups informative, "
+                f"synthesis.min_informative_fraction={config.synthesis.min_informative_fraction or 0}; "
+                "synthesis.train_without_signal=true trains it)"
+            )
         console.print(f"{entry['name']}: {OUT_OF_BAND}, {verdict}: {entry.get('reason', 'no difficulty level in band')}", soft_wrap=True)
-    chosen = [entry for entry in entries if trainable(entry, accept, config.synthesis.train_without_signal)]
+    chosen = [entry for entry in entries if trainable(entry, config.synthesis)]
     if not chosen and outside:
         names = ", ".join(entry["name"] for entry in outside)
         anyway = "" if accept else "train them anyway with synthesis.accept_out_of_band=true, or "
-        signal = ", and every group of its nearest level scored alike" if accept else ""
+        signal = ", and too few groups of its nearest level had unequal rewards" if accept else ""
         raise TraceRayError(
             f"no capability of {path} is trainable ({names}: {OUT_OF_BAND}, calibration found no difficulty in band{signal}); "
             f"{anyway}re-synthesize them (trace-ray synthesize run_dir={run_dir} with other calibration.band or "

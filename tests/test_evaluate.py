@@ -184,14 +184,25 @@ def test_evaluate_without_adapters_is_a_one_line_error(tmp_path, capsys):
 
 
 @pytest.mark.integration
-def test_evaluate_plays_the_routers_that_route_trained(tmp_path):
+def test_evaluate_plays_the_routers_that_route_trained_and_reuses_its_episodes(tmp_path, capsys):
     names = ["datetime_reasoning", "information_reporting"]
     write_capability_run(tmp_path, names)
     common = [f"run_dir={tmp_path}", *TINY, "env.name=tests.scripted_environments:OddParityEnvironment", "model.sampling.max_new_tokens=9"]
     assert main(["route", *common, "limit=4"]) == 0  # mixed oracle labels: the learned gate and the MoE train
+    # evaluate reuses route's greedy episodes of the eval tasks: marked here with a reward odd parity never gives
+    kept = tmp_path / "router" / "episodes.parquet"
+    rows = pq.read_table(kept).to_pylist()
+    route_rewards = {task["seed"]: task["rewards"] for task in json.loads((tmp_path / "router" / "logit.json").read_text())["tasks"]}
+    marked = next(row for row in rows if row["option"] == "base" and row["seed"] in route_rewards)
+    marked["reward"] = 0.5
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(kept)), kept)
+    capsys.readouterr()
     assert main(["evaluate", *common, "limit=4"]) == 0
+    assert "greedy episodes: 4 tasks x 3 options, 12 already played, 0 to play" in capsys.readouterr().out
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     rows = {row["method"]: row for row in report["methods"]}
+    expected = [0.5 if seed == marked["seed"] else route_rewards[seed]["base"] for seed in report["seeds"]]
+    assert rows["base"]["rewards"] == expected
     assert "TRACE (learned)" in rows and "TRACE (moe)" in rows and "TRACE (moe)" not in report["not_evaluated"]
     moe = rows["TRACE (moe)"]
     # odd-parity rewards are 1 or 0, a success exactly where the reward is 1: the mean is the share of successes

@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeResult
+from trace_ray.trajectory import TokenRecord
 
 SCHEMA = pa.schema(
     [
@@ -112,6 +113,18 @@ def episode_row(result: EpisodeResult, run: dict[str, Any]) -> dict[str, Any]:
         "seconds": result.seconds,
         "finished_at": time.time(),
     }
+
+
+def episode_from_row(row: dict[str, Any], key: str) -> EpisodeResult:
+    """The episode of an :func:`episode_row` row, under ``key`` (``reward_info`` as its JSON holds it)."""
+    adapter = (row["adapter_name"], row["adapter_version"]) if row["adapter_name"] is not None else None
+    return EpisodeResult(
+        key=key, task_id=row["task_id"], family=row["family"], seed=row["seed"], sample_index=row["sample_index"],
+        adapter=adapter, reward=row["reward"], success=row["success"], turns=row["turns"], termination=row["termination"],
+        messages=json.loads(row["messages"]), tools=json.loads(row["tools"]),
+        record=TokenRecord(list(row["token_ids"]), list(row["action_mask"]), list(row["logprobs"])),
+        info=json.loads(row["reward_info"]), seconds=row["seconds"],
+    )
 
 
 class TrajectoryStore:

@@ -43,6 +43,7 @@ from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
 from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
+from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts
 from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
 from trace_ray.evaluation.transcripts import write_episodes, write_predictions, write_wins
@@ -96,7 +97,8 @@ def run(config: TraceConfig) -> None:
             f"no adapter in {baseline}; run trace-ray train run_dir={run_dir} train_on=env env={config.env.name} "
             f"adapter={config.evaluate.grpo_baseline}"
         )
-    played = play_options(config, make_env, options, seeds)
+    contexts = option_contexts(config, config.env, options)  # route's greedy episodes of the same options are reused
+    played = play_options(config, make_env, options, seeds, known=load_played(run_dir / EPISODES, contexts, seeds))
     injected = play_options(config, with_system_note(make_env, capability_note(selected)), {}, seeds)
     observations = [list(target.reset(seed).messages) for seed in seeds]
     choices, router_gaps = on_model_worker(config, router_choices, config, run_dir, adapters, observations)

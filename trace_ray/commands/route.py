@@ -34,6 +34,7 @@ from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
+from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts, save_played
 from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
 from trace_ray.routing.learned_gate import fit_gate, gate_decisions, pooled_features, save_gate
 from trace_ray.routing.logit_router import BASE, RouteDecision, decide
@@ -53,8 +54,14 @@ def split_seeds(env, split: str, limit: int | None) -> list[int]:
 
 
 def oracle_rewards(config: TraceConfig, adapters: list[TrainedAdapter], seeds: list[int], env: EnvConfig | None = None) -> dict[int, dict[str, float]]:
-    """Seed -> option -> greedy reward of the base model and of each adapter (on ``env``, default the target)."""
-    played = play_options(config, environment_maker(env or config.env), {a.name: a.folder for a in adapters}, seeds)
+    """Seed -> option -> greedy reward of the base model and of each adapter (on ``env``, default the target).
+
+    The episodes are kept in ``run_dir/router/episodes.parquet``: evaluate (and a resumed route) reuse them."""
+    env = env or config.env
+    folders = {a.name: a.folder for a in adapters}
+    path, contexts = Path(config.run_dir) / EPISODES, option_contexts(config, env, folders)
+    played = play_options(config, environment_maker(env), folders, seeds, known=load_played(path, contexts, seeds))
+    save_played(path, contexts, played, {"split": None, "env": env.name, "model": config.model.name})
     return {seed: {option: result.reward for option, result in results.items()} for seed, results in played.items()}
 
 

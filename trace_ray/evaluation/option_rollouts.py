@@ -19,7 +19,8 @@ from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.config import TraceConfig
 from trace_ray.console import console
 from trace_ray.engines import SamplingParams, make_engine
-from trace_ray.rollout_loop import EpisodeResult, EpisodeTask, LocalBackend, run_rollouts
+from trace_ray.evaluation.played_episodes import Played
+from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts
 from trace_ray.routing.adapters import read_peft_folder
 from trace_ray.routing.logit_router import BASE
 
@@ -35,40 +36,55 @@ def best_choice(rewards: dict[str, float], order: list[str]) -> str:
 
 def play_options(
     config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
-    with_base: bool = True, make_engine_here: Callable[[], Any] | None = None,
-) -> dict[int, dict[str, EpisodeResult]]:
+    with_base: bool = True, make_engine_here: Callable[[], Any] | None = None, known: Played | None = None,
+) -> Played:
     """Seed -> option (``base`` and each adapter name) -> its greedy episode, played on a Ray model worker
     (``actors/model_tasks.py``: the driver loads no weights).
 
     ``make_engine_here``: builds the engine to use in the worker (for instance a gated mixture-of-experts engine)
-    instead of the configured one.
+    instead of the configured one. ``known``: episodes already played (:mod:`trace_ray.evaluation.played_episodes`);
+    only the others are played.
     """
     from actors.model_tasks import on_model_worker
 
-    console.print(f"greedy episodes: {len(seeds)} tasks x {len(adapters) + with_base} options on a Ray model worker")
-    return on_model_worker(config, play_options_here, config, make_env, adapters, seeds, with_base, make_engine_here)
+    names = ([BASE] if with_base else []) + list(adapters)
+    known = known or {}
+    pairs = [(seed, name) for seed in seeds for name in names if name not in known.get(seed, {})]
+    reused = len(seeds) * len(names) - len(pairs)
+    console.print(
+        f"greedy episodes: {len(seeds)} tasks x {len(names)} options"
+        + (f", {reused} already played, {len(pairs)} to play" if reused else "") + " on a Ray model worker"
+    )
+    played: Played = {seed: {name: known[seed][name] for name in names if name in known.get(seed, {})} for seed in seeds}
+    if pairs:
+        fresh = on_model_worker(config, play_options_here, config, make_env, adapters, pairs, make_engine_here)
+        for seed, results in fresh.items():
+            played[seed].update(results)
+    return played
 
 
 def play_options_here(
-    config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
-    with_base: bool, make_engine_here: Callable[[], Any] | None,
-) -> dict[int, dict[str, EpisodeResult]]:
-    """:func:`play_options` in this process."""
+    config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], pairs: list[tuple[int, str]],
+    make_engine_here: Callable[[], Any] | None,
+) -> Played:
+    """:func:`play_options` in this process: each (seed, option) of ``pairs``."""
     engine = make_engine_here() if make_engine_here else make_engine(config.model, config.engine)
     for name, folder in adapters.items():
         engine.load_adapter(name, ADAPTER_VERSION, *read_peft_folder(folder))
-    options = ([(BASE, None)] if with_base else []) + [(name, (name, ADAPTER_VERSION)) for name in adapters]
-    tasks = [EpisodeTask(f"{name}-{seed}", seed, 0, adapter=ref) for seed in seeds for name, ref in options]
+    tasks = [
+        EpisodeTask(f"{name}-{seed}", seed, 0, adapter=None if name == BASE else (name, ADAPTER_VERSION))
+        for seed, name in pairs
+    ]
     greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.model.sampling.max_new_tokens)
     with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task(f"greedy episodes: {len(seeds)} tasks x {len(options)} options", total=len(tasks))
+        bar = progress.add_task(f"greedy episodes: {len(tasks)}", total=len(tasks))
         results = run_rollouts(
             tasks, LocalBackend(make_env, engine), AgentPrompt.for_model(config.model, engine.tokenizer), greedy,
             config.batch_size, config.model.max_context_tokens, lambda _: progress.advance(bar), config.rollout.max_episode_tokens,
         )
     if hasattr(engine, "close"):
         engine.close()
-    played: dict[int, dict[str, EpisodeResult]] = {seed: {} for seed in seeds}
+    played: Played = {}
     for task, result in zip(tasks, results):
-        played[task.seed][task.key.rsplit("-", 1)[0]] = result
+        played.setdefault(task.seed, {})[task.key.rsplit("-", 1)[0]] = result
     return played

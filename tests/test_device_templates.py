@@ -40,7 +40,8 @@ def test_there_is_one_template_per_catalogue_capability_with_its_description():
     for name, template in TEMPLATES.items():
         assert template.capability == name
         assert template.description == CATALOGUE[name].description
-        assert template.difficulties == ((0, 1, 2, 3, 4, 5) if template.capability == "tool_calling_precision" else (1, 2, 3, 4, 5))
+        with_level_0 = template.capability in ("tool_calling_precision", "multi_step_task_completion")
+        assert template.difficulties == ((0, 1, 2, 3, 4, 5) if with_level_0 else (1, 2, 3, 4, 5))
         assert template.default_difficulty in template.difficulties
 
 

@@ -254,7 +254,7 @@ def _tool_calling_precision(draft: Draft, difficulty: int) -> str:
     change. 5: three settings, a look-alike for both contacts, and numbers typed
     with dots or a country code. Marked: every state-changing call.
     """
-    _check(difficulty, PRECISION_DIFFICULTIES)
+    _check(difficulty, WITH_LEVEL_0)
     actions = [_new_number(draft, difficulty)] if difficulty >= 3 else []
     if difficulty >= 1:
         actions.append(_new_contact(draft, difficulty))
@@ -281,15 +281,16 @@ _MULTI_PARTS: dict[str, Callable[[Draft], tuple[str, str]]] = {
 
 
 def _multi_step_task_completion(draft: Draft, difficulty: int) -> str:
-    """A compound request of independent actions: ``difficulty + 1`` parts (2 to 6), up to two of them settings.
+    """A compound request of independent actions: ``difficulty + 1`` parts (2 to 6), up to two of them settings;
+    at 0 two settings (one call each: a level small models can reach).
 
     Each part has its own milestones, so stopping early earns partial credit.
     Marked: the last action of the last part (from 4: of the last two parts), as
     if the agent stopped before finishing.
     """
-    _check(difficulty)
+    _check(difficulty, WITH_LEVEL_0)
     rng = draft.rng
-    kinds = rng.sample([*sorted(_MULTI_PARTS), "setting", "setting"], difficulty + 1)
+    kinds = ["setting", "setting"] if difficulty == 0 else rng.sample([*sorted(_MULTI_PARTS), "setting", "setting"], difficulty + 1)
     settings = iter(_distinct_settings(draft, kinds.count("setting")))
     plan = [("setting", next(settings)) if kind == "setting" else (kind, None) for kind in kinds]
     if ("setting", ("low_battery_mode", True)) in plan and ("setting", ("wifi", True)) in plan:
@@ -613,10 +614,10 @@ def _information_reporting(draft: Draft, difficulty: int) -> str:
     return " ".join([questions[0], *(f"Also, {question[0].lower()}{question[1:]}" for question in questions[1:])])
 
 
-PRECISION_DIFFICULTIES = (0, *DIFFICULTIES)
+WITH_LEVEL_0 = (0, *DIFFICULTIES)  # 0: steps of one call each, a level where SmolLM2-135M earns some reward
 
 TEMPLATES: dict[str, DeviceTemplate] = {
-    name: DeviceTemplate(name, CATALOGUE[name].description, build, PRECISION_DIFFICULTIES if name == "tool_calling_precision" else DIFFICULTIES)
+    name: DeviceTemplate(name, CATALOGUE[name].description, build, WITH_LEVEL_0 if name in ("tool_calling_precision", "multi_step_task_completion") else DIFFICULTIES)
     for name, build in (
         ("permission_error_recovery", _permission_error_recovery),
         ("datetime_reasoning", _datetime_reasoning),

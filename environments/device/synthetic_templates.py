@@ -615,9 +615,10 @@ def _information_reporting(draft: Draft, difficulty: int) -> str:
 
 
 WITH_LEVEL_0 = (0, *DIFFICULTIES)  # 0: steps of one call each, a level where SmolLM2-135M earns some reward
+LEVEL_0_CAPABILITIES = ("tool_calling_precision", "multi_step_task_completion")
 
 TEMPLATES: dict[str, DeviceTemplate] = {
-    name: DeviceTemplate(name, CATALOGUE[name].description, build, WITH_LEVEL_0 if name in ("tool_calling_precision", "multi_step_task_completion") else DIFFICULTIES)
+    name: DeviceTemplate(name, CATALOGUE[name].description, build, WITH_LEVEL_0 if name in LEVEL_0_CAPABILITIES else DIFFICULTIES)
     for name, build in (
         ("permission_error_recovery", _permission_error_recovery),
         ("datetime_reasoning", _datetime_reasoning),

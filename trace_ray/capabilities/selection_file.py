@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trace_ray.config import SynthesisConfig
 from trace_ray.errors import TraceRayError
 
 READY = "READY"
@@ -42,7 +43,7 @@ def informative_fraction(entry: dict[str, Any]) -> float:
     return max(0.0, 1.0 - nearest.get("all_zero_fraction", 0.0) - nearest.get("all_success_fraction", 0.0))
 
 
-def trainable(entry: dict[str, Any], synthesis: Any) -> bool:
+def trainable(entry: dict[str, Any], synthesis: SynthesisConfig) -> bool:
     """Whether the entry's environment is trained: READY; OUT_OF_BAND under ``synthesis.accept_out_of_band`` when
     its nearest level gave GRPO a signal (some informative calibration groups, at least
     ``synthesis.min_informative_fraction`` of them) or ``synthesis.train_without_signal`` allows it anyway."""

@@ -197,7 +197,7 @@ def test_evaluate_plays_the_routers_that_route_trained_and_reuses_its_episodes(t
     marked["reward"] = 0.5
     pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(kept)), kept)
     capsys.readouterr()
-    assert main(["evaluate", *common, "limit=4"]) == 0
+    assert main(["evaluate", *common, "limit=4", "router.calibration=fitted"]) == 0  # the logit router with route's offsets
     assert "greedy episodes: 4 tasks x 3 options, 12 already played, 0 to play" in capsys.readouterr().out
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     rows = {row["method"]: row for row in report["methods"]}
@@ -210,6 +210,10 @@ def test_evaluate_plays_the_routers_that_route_trained_and_reuses_its_episodes(t
     assert moe["mean_reward"] == sum(moe["rewards"]) / 4 == moe["successes"] / 4
     learned = json.loads((tmp_path / "router" / "learned.json").read_text())
     assert report["choices"]["learned"] == [task["choice"] for task in learned["tasks"]]  # the saved gate, reloaded
+    fitted = json.loads((tmp_path / "router" / "logit_fitted.json").read_text())
+    assert report["choices"]["logit"] == [task["choice"] for task in fitted["tasks"]]  # the saved offsets, reloaded
+    offsets = json.loads((tmp_path / "router" / "logit_offsets.json").read_text())
+    assert offsets["train_routed_reward"]["fitted"] >= offsets["train_routed_reward"]["content_free"]
 
 
 def test_transcripts_show_each_win_with_both_sides_actions_and_milestones():

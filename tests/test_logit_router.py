@@ -263,8 +263,25 @@ def test_content_free_calibration_removes_the_bias_measured_once_per_policy(tiny
     assert decisions[2].choice == "datetime_reasoning"
     # the three content-free requests ran once for the policy the three tasks share, then each task once
     assert sorted(model.requests) == sorted(["N/A", "", "[MASK]", *(task[1]["content"] for task in (reminder, other))] + ["Remind me to stretch."])
-    with pytest.raises(ValueError, match="calibration='platt' is not one of content_free, none"):
+    with pytest.raises(ValueError, match="calibration='platt' is not one of content_free, fitted, none"):
         LogitRouter(model, tokenizer, OPTIONS, calibration="platt")
+
+
+def test_fitted_calibration_adds_each_options_offset_to_the_content_free_scores(tiny_model):
+    _, tokenizer = tiny_model
+    model = BiasedModel(tokenizer)
+    offsets = {"datetime_reasoning": -2.5, "error_recovery": 0.5, BASE: 0.0}
+    free = LogitRouter(model, tokenizer, OPTIONS, reuse_prefix=False)
+    fitted = LogitRouter(model, tokenizer, OPTIONS, reuse_prefix=False, calibration="fitted", offsets=offsets)
+    tasks = [observation("Remind me to call mum in two hours."), observation("Turn on wifi.")]
+    for before, after in zip(free.route_many(tasks), fitted.route_many(tasks)):
+        assert after.scores == pytest.approx({name: before.scores[name] + offsets[name] for name in offsets}, abs=1e-5)
+    # the reminder's datetime_reasoning score was 2 above base: -2.5 puts it 0.5 below; error_recovery's 0 becomes 0.5
+    assert [d.choice for d in fitted.route_many(tasks)] == ["error_recovery", "error_recovery"]
+    with pytest.raises(ValueError, match="needs one offset per option"):
+        LogitRouter(model, tokenizer, OPTIONS, calibration="fitted", offsets={"datetime_reasoning": 1.0, BASE: 0.0})
+    with pytest.raises(ValueError, match="needs one offset per option"):
+        LogitRouter(model, tokenizer, OPTIONS, calibration="fitted")
 
 
 class CountingModel(torch.nn.Module):

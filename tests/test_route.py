@@ -76,6 +76,15 @@ def test_route_scores_every_router_against_oracle_labels(tmp_path):
     assert not (tmp_path / "router" / "learned_gate.safetensors").exists()
     text = (tmp_path / "router" / "report.md").read_text()
     assert "logit router accuracy" in text and "| learned | not trained" in text
+    # the fitted offsets: every training reward ties at 0, so the fit sends every task to the base (its oracle label)
+    fitted = json.loads((tmp_path / "router" / "logit_fitted.json").read_text())
+    offsets = json.loads((tmp_path / "router" / "logit_offsets.json").read_text())
+    assert offsets["model"] == "tiny_random" and offsets["train_tasks"] == 4 and offsets["offsets"]["base"] == 0.0
+    assert offsets["train_accuracy"]["fitted"] == 1.0 and offsets["train_routed_reward"] == {"content_free": 0.0, "fitted": 0.0}
+    for task, free in zip(fitted["tasks"], report["tasks"]):
+        assert task["scores"] == pytest.approx({name: free["scores"][name] + offsets["offsets"][name] for name in free["scores"]}, abs=1e-5)
+    assert [task["choice"] for task in fitted["tasks"]] == ["base"] * 3 and fitted["accuracy"] == 1.0
+    assert "| logit (fitted) | 1.000 | 0.000 |" in text
 
 
 @pytest.mark.integration

@@ -309,9 +309,9 @@ class EvaluateConfig:
 class RouterConfig:
     name: str = MISSING  # the router serve and evaluate use: logit | learned | moe | none
     max_example_chars: int = MISSING  # logit: each option's example trajectory, compacted
-    calibration: str = MISSING  # logit: content_free (each option's bias on content-free requests removed) | none
-    train_split: str = MISSING  # learned, moe: the target split whose oracle labels train the gates
-    train_limit: Optional[int] = None  # learned, moe: at most this many training tasks (null: the whole split)
+    calibration: str = MISSING  # logit: content_free | fitted (plus offsets fitted on train_split by route) | none
+    train_split: str = MISSING  # learned, moe, logit fitted: the target split whose oracle labels train the gates
+    train_limit: Optional[int] = None  # learned, moe, logit fitted: at most this many training tasks (null: the whole split)
     synthetic_train_tasks: int = MISSING  # learned, moe: also this many tasks of each adapter's synthetic environment
     gate: GateConfig = field(default_factory=GateConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
@@ -545,7 +545,7 @@ def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConf
 
 
 ROUTERS = ("logit", "learned", "moe", "none")
-ROUTER_CALIBRATIONS = ("content_free", "none")  # the logit router's (trace_ray/routing/logit_router.py CALIBRATIONS)
+ROUTER_CALIBRATIONS = ("content_free", "fitted", "none")  # the logit router's (trace_ray/routing/logit_router.py CALIBRATIONS)
 
 
 def _validate_router(router: RouterConfig) -> None:

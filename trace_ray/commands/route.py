@@ -7,8 +7,11 @@ learned routers; tasks of ``split`` (default ``eval``) are held out, and
 every router is scored on them:
 
 - ``logit``: the paper's training-free router (``trace_ray/routing/logit_router.py``), with
-  ``router.calibration`` (content-free by default); the uncalibrated router is
-  scored beside it (``logit (uncalibrated)``);
+  ``router.calibration`` (content-free by default); the other calibrations are
+  scored beside it from the same forward passes: ``logit (uncalibrated)`` (the
+  paper's raw logits), ``logit (content-free)`` and ``logit (fitted)``, whose
+  per-option offsets are fitted here on the training split's target tasks
+  (``trace_ray/routing/offsets.py``) and saved to ``DIR/router/logit_offsets.json``;
 - ``learned``: one gate over pooled hidden states (``trace_ray/routing/learned_gate.py``),
   saved to ``DIR/router/learned_gate.*``;
 - ``moe``: the LoRA mixture-of-experts, a gate at every adapted layer
@@ -37,8 +40,9 @@ from trace_ray.evaluation.option_rollouts import best_choice, play_options
 from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts, save_played
 from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
 from trace_ray.routing.learned_gate import fit_gate, gate_decisions, pooled_features, save_gate
-from trace_ray.routing.logit_router import BASE, RouteDecision, decide
+from trace_ray.routing.logit_router import BASE, RouteDecision
 from trace_ray.routing.lora_moe import MoERouter, fit_moe, prompt_ids, save_moe
+from trace_ray.routing.offsets import fit_offsets, offset_decisions, save_offsets
 from trace_ray.routing.routers import logit_router
 
 HELP = "build the logit and learned routers over the trained adapters; accuracy and confusion matrices against oracle labels"
@@ -144,18 +148,51 @@ def moe_decisions(config, adapters, train_observations, train_labels, eval_obser
     return MoERouter(moe, tokenizer).route_many(eval_observations)
 
 
-def router_decisions(config, adapters, names, train_observations, train_labels, eval_observations, folder: Path) -> dict:
+LOGIT_VARIANTS = {"none": "logit (uncalibrated)", "content_free": "logit (content-free)", "fitted": "logit (fitted)"}
+
+
+def router_file(router: str) -> str:
+    """``logit (content-free)`` -> ``logit_content_free.json``."""
+    return router.replace(" (", "_").replace(")", "").replace("-", "_").replace(" ", "_") + ".json"
+
+
+def logit_decisions(config, model, tokenizer, adapters, target_train, eval_observations, folder: Path) -> dict:
+    """The logit router under each calibration (``logit``: router.calibration's), from one forward pass per task;
+    the fitted offsets come from the target's training tasks (``target_train``: observations, per-option rewards,
+    oracle labels) and are saved in ``folder``."""
+    logit = logit_router(config, model, tokenizer, adapters, calibration="content_free")
+    observations, rewards, labels = target_train
+
+    def score_rows(table):
+        return [dict(zip(logit.names, row.tolist())) for row in table]
+
+    raw = logit.raw_label_logits(eval_observations)
+    free = score_rows(logit.scores(eval_observations, raw))
+    train_free = score_rows(logit.scores(observations, logit.raw_label_logits(observations)))
+    offsets, zero = fit_offsets(train_free, rewards, labels), {name: 0.0 for name in logit.names}
+    on_train = {name: [d.choice for d in offset_decisions(train_free, shift)] for name, shift in (("content_free", zero), ("fitted", offsets))}
+    save_offsets(
+        folder, offsets, config.model.name, train_split=config.router.train_split, train_tasks=len(observations),
+        train_routed_reward={name: sum(r[c] for r, c in zip(rewards, picks)) / len(picks) for name, picks in on_train.items()},
+        train_accuracy={name: sum(c == label for c, label in zip(picks, labels)) / len(picks) for name, picks in on_train.items()},
+    )
+    variants = {
+        "none": offset_decisions(score_rows(raw), zero),
+        "content_free": offset_decisions(free, zero),
+        "fitted": offset_decisions(free, offsets),
+    }
+    decisions = {"logit": variants[config.router.calibration]}
+    decisions.update((LOGIT_VARIANTS[name], found) for name, found in variants.items() if name != config.router.calibration)
+    return decisions
+
+
+def router_decisions(config, adapters, names, target_train, train_observations, train_labels, eval_observations, folder: Path) -> dict:
     """Router name -> its decision per held-out task, or why it was not trained (run on a Ray model worker: the
-    logit router's scores, the learned gate's and the MoE's training)."""
+    logit router's scores and offsets, the learned gate's and the MoE's training)."""
     from trace_ray.models import assigned_device, load_model
 
     model, tokenizer = load_model(config.model, assigned_device())
-    decisions: dict[str, list[RouteDecision] | str] = {}
-    logit = logit_router(config, model, tokenizer, adapters)
-    raw = logit.raw_label_logits(eval_observations)
-    decisions["logit"] = logit.decide_many(eval_observations, raw)
-    if logit.calibration != "none":  # the paper's uncalibrated scores beside, from the same forward passes
-        decisions["logit (uncalibrated)"] = [decide(dict(zip(logit.names, row.tolist()))) for row in raw]
+    decisions: dict[str, list[RouteDecision] | str] = logit_decisions(config, model, tokenizer, adapters, target_train, eval_observations, folder)
     try:
         decisions["learned"] = learned_decisions(config, model, tokenizer, names, train_observations, train_labels, eval_observations, folder)
     except TraceRayError as exc:
@@ -189,7 +226,9 @@ def run(config: TraceConfig) -> None:
     train_labels = [labels[s] for s in train_seeds] + [label for _, label in synthetic]
 
     console.print("routers: scores and training on a Ray model worker")
-    decisions = on_model_worker(config, router_decisions, config, adapters, names, train_observations, train_labels, eval_observations, folder)
+    target_train = ([observations[s] for s in train_seeds], [rewards[s] for s in train_seeds], [labels[s] for s in train_seeds])
+    decisions = on_model_worker(config, router_decisions, config, adapters, names, target_train, train_observations, train_labels,
+                                eval_observations, folder)
 
     routers = {}
     for router, outcome in decisions.items():
@@ -197,7 +236,7 @@ def run(config: TraceConfig) -> None:
             routers[router] = {"error": outcome}
             continue
         routers[router] = router_summary(outcome, eval_labels, eval_rewards, names)
-        write_json(folder / f"{router.replace(' (uncalibrated)', '_uncalibrated')}.json", {
+        write_json(folder / router_file(router), {
             "router": router, "split": config.split, "options": names, **routers[router],
             "tasks": [
                 {"seed": seed, "choice": d.choice, "scores": d.scores, "probabilities": d.probabilities, "oracle": label, "rewards": reward}

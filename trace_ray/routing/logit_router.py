@@ -29,7 +29,9 @@ al. 2021, "Calibrate Before Use"): a small model's label scores carry a bias
 toward some labels whatever the task says. The router measures it once per
 policy on content-free requests (:data:`CONTENT_FREE_REQUESTS` in the task's
 place) as the mean softmax over the options, and decides on
-``log p(option | task) - log p_content_free(option)``.
+``log p(option | task) - log p_content_free(option)``. ``calibration="fitted"``
+adds one offset per option to those scores, fitted by ``trace-ray route`` on
+the training split's tasks (:mod:`trace_ray.routing.offsets`).
 
 The options come before the task, and the task's policy before its request,
 so the prompts of one environment's tasks share their head: the instruction,
@@ -66,7 +68,7 @@ POLICY_CHARS = 800  # the task's system policy, shortened to its head
 REQUEST_CHARS = 2000  # the task's user request, cut in the middle beyond this
 PREFIX_CACHE_ENTRIES = 4  # prompt heads (options + one policy) whose keys and values a router keeps
 CONTENT_FREE_REQUESTS = ("N/A", "", "[MASK]")  # contextual calibration's requests that say nothing
-CALIBRATIONS = ("content_free", "none")
+CALIBRATIONS = ("content_free", "fitted", "none")
 TIE_TOLERANCE = 1e-6  # scores this close count as a tie
 BASE_DESCRIPTION = "none of these: answer with the base model"
 ROUTING_SYSTEM = (
@@ -241,18 +243,23 @@ class LogitRouter:
     under that policy, which then runs its request's tokens only; the model
     must stay frozen meanwhile. ``calibration``: ``content_free`` (see the
     module's docstring; each policy's bias is measured once and kept) or
-    ``none`` (the raw label logits, the paper's).
+    ``none`` (the raw label logits, the paper's) or ``fitted`` (content-free,
+    plus ``offsets``: option name -> the offset added to its score).
     """
 
     def __init__(
         self, model, tokenizer, options: list[RouteOption], max_example_chars: int = 1500, batch_size: int = 8,
-        reuse_prefix: bool = True, calibration: str = "content_free",
+        reuse_prefix: bool = True, calibration: str = "content_free", offsets: dict[str, float] | None = None,
     ):
         if any(option.name == BASE for option in options):
             raise ValueError(f"pass the capabilities only: the router appends the {BASE!r} option itself")
         if calibration not in CALIBRATIONS:
             raise ValueError(f"calibration={calibration!r} is not one of {', '.join(CALIBRATIONS)}")
+        names = [option.name for option in _with_base(options)]
+        if calibration == "fitted" and (offsets is None or sorted(offsets) != sorted(names)):
+            raise ValueError(f"calibration='fitted' needs one offset per option {names}, got {offsets}")
         self.calibration = calibration
+        self.offsets = offsets
         self._biases: dict[str, torch.Tensor] = {}  # policy -> log of the options' content-free probabilities
         self.model = model
         self.tokenizer = tokenizer
@@ -387,10 +394,17 @@ class LogitRouter:
 
     def decide_many(self, observations: list[list[dict]], raw: torch.Tensor) -> list[RouteDecision]:
         """The decisions from the tasks' uncalibrated label logits ``raw`` (:meth:`raw_label_logits`), calibrated as set."""
-        scores = raw
-        if self.calibration == "content_free":
-            scores = torch.log_softmax(raw, dim=-1) - torch.stack([self.content_free_bias(o) for o in observations])
-        return [decide(dict(zip(self.names, row.tolist()))) for row in scores]
+        return [decide(dict(zip(self.names, row.tolist()))) for row in self.scores(observations, raw)]
+
+    def scores(self, observations: list[list[dict]], raw: torch.Tensor, calibration: str | None = None) -> torch.Tensor:
+        """[tasks, options] scores of the raw label logits under ``calibration`` (None: the router's own)."""
+        calibration = calibration or self.calibration
+        if calibration == "none":
+            return raw
+        scores = torch.log_softmax(raw, dim=-1) - torch.stack([self.content_free_bias(o) for o in observations])
+        if calibration == "fitted":
+            scores = scores + torch.tensor([self.offsets[name] for name in self.names])
+        return scores
 
     def raw_label_logits(self, observations: list[list[dict]]) -> torch.Tensor:
         """[tasks, options] label logits of each task's routing prompt, uncalibrated."""

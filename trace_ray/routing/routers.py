@@ -17,7 +17,8 @@ from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.errors import TraceRayError
 from trace_ray.routing.adapters import TrainedAdapter
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate
-from trace_ray.routing.logit_router import LogitRouter, RouteDecision, RouteOption, compact_messages
+from trace_ray.routing.logit_router import BASE, LogitRouter, RouteDecision, RouteOption, compact_messages
+from trace_ray.routing.offsets import load_offsets
 
 
 class Router(Protocol):
@@ -36,10 +37,15 @@ def oracle_example(config: TraceConfig, adapter: TrainedAdapter) -> str:
 
 
 def logit_router(config: TraceConfig, model, tokenizer, adapters: list[TrainedAdapter], calibration: str | None = None) -> LogitRouter:
-    """The logit router over ``adapters`` (``calibration``: None for ``router.calibration``)."""
+    """The logit router over ``adapters`` (``calibration``: None for ``router.calibration``; ``fitted`` reads the
+    offsets ``trace-ray route`` fitted, from ``run_dir/router``)."""
+    calibration = calibration or config.router.calibration
     options = [RouteOption(a.name, a.description, oracle_example(config, a)) for a in adapters]
+    offsets = None
+    if calibration == "fitted":
+        offsets = load_offsets(Path(config.run_dir) / "router", config.model.name, [a.name for a in adapters] + [BASE])
     return LogitRouter(model, tokenizer, options, max_example_chars=config.router.max_example_chars,
-                       calibration=calibration or config.router.calibration)
+                       calibration=calibration, offsets=offsets)
 
 
 def build_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters: list[TrainedAdapter]) -> Router | None:

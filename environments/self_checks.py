@@ -31,6 +31,8 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -202,49 +204,62 @@ def _weak_agent_check(name: str, seeds: list[int], rewards: list[float], every_t
 
 def run_self_checks(
     make_env: Callable[[], Environment], seeds: list[int], target_tools: list[ToolSchema] | None = None,
+    workers: int = 1, on_check: Callable[[CheckResult], None] | None = None,
+    on_episode: Callable[[str], None] | None = None,
 ) -> list[CheckResult]:
-    """Every check on ``seeds``; ``target_tools`` marks a synthetic environment of that target."""
+    """Every check on ``seeds``; ``target_tools`` marks a synthetic environment of that target.
+
+    ``workers`` episodes are played at once, each worker on its own environment from ``make_env`` (worth it where an
+    episode waits on subprocesses, as code_repair's pytest runs do); the results do not depend on it. ``on_check`` gets
+    each result as soon as it is decided, ``on_episode`` each agent's name as one of its episodes ends.
+    """
     env = make_env()
-    results = []
+    results: list[CheckResult] = []
+
+    def add(result: CheckResult) -> None:
+        results.append(result)
+        if on_check is not None:
+            on_check(result)
 
     tools = env.reset(seeds[0]).tools
     problems = schema_problems(tools)
-    results.append(CheckResult("tool schemas valid", not problems, "; ".join(problems) or f"{len(tools)} tools"))
+    add(CheckResult("tool schemas valid", not problems, "; ".join(problems) or f"{len(tools)} tools"))
     if target_tools is not None:
         mismatches = tool_schema_mismatches(tools, target_tools)
-        results.append(CheckResult("tools match the target's", not mismatches, "; ".join(mismatches) or f"{len(tools)} tools"))
+        add(CheckResult("tools match the target's", not mismatches, "; ".join(mismatches) or f"{len(tools)} tools"))
 
-    rewards: dict[str, list[float]] = {
-        "oracle": [play(env, seed, oracle)[0] for seed in seeds],
-        "do-nothing": [play(env, seed, do_nothing)[0] for seed in seeds],
-        "wrong-action": [play(env, seed, wrong_action)[0] for seed in seeds],
-        "random-action": [play_random(env, seed)[0] for seed in seeds],
-    }
-    failed = [seed for seed, reward in zip(seeds, rewards["oracle"]) if reward != 1.0]
-    results.append(CheckResult("oracle scores 1.0", not failed, _failures(seeds, failed)))
-    for agent in ("do-nothing", "wrong-action"):
-        results.append(_weak_agent_check(f"{agent} agent scores < 1.0, mean <= {WEAK_MEAN}", seeds, rewards[agent], every_task=True))
-    # a random agent may luck into a one-bit task (a setting on or off): judged on its mean only
-    results.append(_weak_agent_check(f"random-action agent mean <= {WEAK_MEAN}", seeds, rewards["random-action"], every_task=False))
-    for farmer in ADVERSARIES:
-        rewards[farmer.name] = [play_adversary(env, seed, farmer) for seed in seeds]
-        name = f"{farmer.name} agent scores < 1.0, mean <= {FARMER_MEAN}"
-        results.append(_weak_agent_check(name, seeds, rewards[farmer.name], every_task=True, at_most=FARMER_MEAN))
-    for name, policy in env.adversaries():
-        rewards[name] = [play(env, seed, policy)[0] for seed in seeds]
-        results.append(_weak_agent_check(f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, rewards[name],
-                                         every_task=True, at_most=FARMER_MEAN))
-    if target_tools is not None:
-        broken = [play_broken_oracle(env, seed)[0] for seed in seeds]
-        failed = [seed for seed, reward in zip(seeds, broken) if reward >= 1.0]
-        results.append(CheckResult("capability necessary (broken step scores < 1.0)", not failed, _failures(seeds, failed)))
-        rewards["broken-step"] = broken
+    rewards: dict[str, list[float]] = {}
+    with _EpisodePool(make_env, workers) as pool:
+        def score(agent: str, episode: Callable[[Environment, int], float]) -> list[float]:
+            rewards[agent] = pool.play(seeds, episode, (lambda: on_episode(agent)) if on_episode else None)
+            return rewards[agent]
+
+        failed = [seed for seed, reward in zip(seeds, score("oracle", lambda env, seed: play(env, seed, oracle)[0])) if reward != 1.0]
+        add(CheckResult("oracle scores 1.0", not failed, _failures(seeds, failed)))
+        for agent, policy in (("do-nothing", do_nothing), ("wrong-action", wrong_action)):
+            scored = score(agent, lambda env, seed, policy=policy: play(env, seed, policy)[0])
+            add(_weak_agent_check(f"{agent} agent scores < 1.0, mean <= {WEAK_MEAN}", seeds, scored, every_task=True))
+        # a random agent may luck into a one-bit task (a setting on or off): judged on its mean only
+        scored = score("random-action", lambda env, seed: play_random(env, seed)[0])
+        add(_weak_agent_check(f"random-action agent mean <= {WEAK_MEAN}", seeds, scored, every_task=False))
+        for farmer in ADVERSARIES:
+            scored = score(farmer.name, lambda env, seed, farmer=farmer: play_adversary(env, seed, farmer))
+            add(_weak_agent_check(f"{farmer.name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, scored,
+                                  every_task=True, at_most=FARMER_MEAN))
+        for name, _ in env.adversaries():  # each episode takes the policy from its own worker's environment
+            scored = score(name, lambda env, seed, name=name: play(env, seed, dict(env.adversaries())[name])[0])
+            add(_weak_agent_check(f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, scored,
+                                  every_task=True, at_most=FARMER_MEAN))
+        if target_tools is not None:
+            broken = score("broken-step", lambda env, seed: play_broken_oracle(env, seed)[0])
+            failed = [seed for seed, reward in zip(seeds, broken) if reward >= 1.0]
+            add(CheckResult("capability necessary (broken step scores < 1.0)", not failed, _failures(seeds, failed)))
     outside = sorted({seed for values in rewards.values() for seed, reward in zip(seeds, values) if not 0.0 <= reward <= 1.0})
-    results.append(CheckResult("rewards within [0, 1]", not outside, _failures(seeds, outside)))
+    add(CheckResult("rewards within [0, 1]", not outside, _failures(seeds, outside)))
 
     fresh = make_env()
     differing = [seed for seed in seeds if _reset_key(env, seed) != _reset_key(fresh, seed)]
-    results.append(CheckResult("same seed, same task", not differing, _failures(seeds, differing)))
+    add(CheckResult("same seed, same task", not differing, _failures(seeds, differing)))
 
     first_seen: dict[str, int] = {}
     duplicates = []
@@ -253,8 +268,40 @@ def run_self_checks(
         if key in first_seen:
             duplicates.append(seed)
         first_seen.setdefault(key, seed)
-    results.append(CheckResult("different seeds, different tasks", not duplicates, _failures(seeds, duplicates)))
+    add(CheckResult("different seeds, different tasks", not duplicates, _failures(seeds, duplicates)))
     return results
+
+
+class _EpisodePool:
+    """Threads that play episodes, each thread on its own environment (an environment holds one episode at a time)."""
+
+    def __init__(self, make_env: Callable[[], Environment], workers: int):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.make_env = make_env
+        self.local = threading.local()
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="self-check")
+
+    def __enter__(self) -> "_EpisodePool":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+    def play(self, seeds: list[int], episode: Callable[[Environment, int], float],
+             on_done: Callable[[], None] | None) -> list[float]:
+        """``episode(env, seed)`` for every seed; the rewards in the order of ``seeds``."""
+        def run(seed: int) -> float:
+            if not hasattr(self.local, "env"):
+                self.local.env = self.make_env()
+            return episode(self.local.env, seed)
+
+        futures = [self.executor.submit(run, seed) for seed in seeds]
+        if on_done is not None:
+            for future in as_completed(futures):
+                if future.exception() is None:
+                    on_done()
+        return [future.result() for future in futures]
 
 
 def _reset_key(env: Environment, seed: int) -> str:

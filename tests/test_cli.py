@@ -28,6 +28,7 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
         (["batch_size=lots"], "invalid configuration (key batch_size)"),
         (["batch_size=0"], "batch_size must be > 0"),
         (["limit=-3"], "limit must be a positive number"),
+        (["check_workers=0"], "check_workers must be >= 1 or null"),
         (["model.sampling.top_p=1.5"], "model.sampling.top_p must be in (0, 1]"),
         (["model.sampling.temperature=-1"], "model.sampling.temperature must be >= 0"),
         (["model.dtype=int8"], "model.dtype='int8' is not one of"),
@@ -131,9 +132,12 @@ def test_cfg_prints_the_composed_config(capsys):
 
 
 def test_check_env_command_passes_on_device(capsys):
-    assert main(["check-env", "env=device"]) == 0
+    assert main(["check-env", "env=device", "check_workers=2"]) == 0
     out = capsys.readouterr().out
-    assert out.count("PASS") == 10 and "all 10 self-checks passed" in out
+    assert "128 tasks per agent, 2 episode(s) at a time" in out
+    # each check printed as it is decided, then all of them in the table
+    assert out.count("PASS") == 20 and "all 10 self-checks passed" in out
+    assert out.index("PASS  oracle scores 1.0: 128/128 tasks") < out.index("self-checks of env=device (128")
     assert "dump agent scores < 1.0, mean <= 0.05" in out and "spray agent scores < 1.0, mean <= 0.05" in out
     assert "(128 benchmark tasks)" in out.replace("\n", " ")
     assert main(["check-env", "env=device", "limit=5"]) == 0 and "(5 benchmark tasks)" in capsys.readouterr().out.replace("\n", " ")

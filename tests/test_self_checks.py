@@ -1,4 +1,8 @@
 import json
+import threading
+import time
+
+import pytest
 
 from environments.adversaries import DumpAgent, SprayAgent, play_adversary
 from environments.device.environment import DeviceEnvironment
@@ -177,3 +181,42 @@ def test_the_spray_agent_calls_every_tool_with_seen_values():
     assert {(name, arguments["on"]) for name, arguments in calls if name == "set_wifi_status"} == {("set_wifi_status", True), ("set_wifi_status", False)}
     assert {name for name, _ in calls} == {tool["function"]["name"] for tool in env.reset(3).tools}
     assert play_adversary(DeviceEnvironment(), 3, SprayAgent) == 0.0
+
+
+class OneEpisodeAtATime(DeviceEnvironment):
+    """Fails if two threads ever use one instance; counts the episodes in flight across instances."""
+
+    in_flight, most_in_flight, guard = 0, 0, threading.Lock()
+
+    def __init__(self):
+        super().__init__()
+        self.busy = threading.Lock()
+
+    def step(self, message):
+        if not self.busy.acquire(blocking=False):
+            raise AssertionError("two threads stepped one environment at once")
+        cls = OneEpisodeAtATime
+        with cls.guard:
+            cls.in_flight += 1
+            cls.most_in_flight = max(cls.most_in_flight, cls.in_flight)
+        try:
+            time.sleep(0.002)  # an episode that waits, as a pytest subprocess does
+            return super().step(message)
+        finally:
+            with cls.guard:
+                cls.in_flight -= 1
+            self.busy.release()
+
+
+def test_workers_play_episodes_at_once_each_on_its_own_environment_with_the_same_results():
+    seeds = list(range(12))
+    decided, played = [], []
+    one = run_self_checks(DeviceEnvironment, seeds)
+    three = run_self_checks(OneEpisodeAtATime, seeds, workers=3, on_check=decided.append, on_episode=played.append)
+    assert [(r.name, r.passed, r.detail) for r in three] == [(r.name, r.passed, r.detail) for r in one]
+    assert decided == three  # every check reported, in order, as it was decided
+    agents = ["oracle", "do-nothing", "wrong-action", "random-action", "dump", "spray"]
+    assert sorted(set(played)) == sorted(agents) and all(played.count(agent) == len(seeds) for agent in agents)
+    assert OneEpisodeAtATime.most_in_flight >= 2
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        run_self_checks(DeviceEnvironment, seeds, workers=0)

@@ -358,6 +358,7 @@ class TraceConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     split: str = MISSING
     limit: Optional[int] = None
+    check_workers: Optional[int] = None
     batch_size: int = MISSING
     seed: int = MISSING
     run_dir: str = MISSING
@@ -407,6 +408,8 @@ def validate(config: TraceConfig) -> TraceConfig:
     _require(0 < env.success_threshold <= 1, f"env.success_threshold must be in (0, 1], got {env.success_threshold}")
     _require(config.split in SPLITS, f"split={config.split!r} is not one of {', '.join(SPLITS)}")
     _require(config.limit is None or config.limit > 0, f"limit must be a positive number of tasks, got {config.limit}")
+    _require(config.check_workers is None or config.check_workers >= 1,
+             f"check_workers must be >= 1 or null (one per CPU core), got {config.check_workers}")
     _require(config.batch_size > 0, f"batch_size must be > 0, got {config.batch_size}")
     engine = config.engine
     _require(engine.name in ENGINES, f"engine={engine.name!r} is not one of {', '.join(ENGINES)}")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.progress import Progress
 
 from environments.registry import make_environment
-from environments.self_checks import run_self_checks
+from environments.self_checks import CheckResult, run_self_checks
 from environments.synthetic.factory import read_spec
 from trace_ray.config import TAU2_ENVS, TraceConfig
 from trace_ray.console import console, print_table
@@ -70,7 +72,19 @@ def run(config: TraceConfig) -> None:
     make_env = environment_maker(config.env)
     env = make_env()
     seeds = (env.task_seeds("analysis") + env.task_seeds("eval"))[: config.limit]  # limit=N: the first N tasks (null: all)
-    results = run_self_checks(make_env, seeds, target_tools=target_tools(config))
+    workers = config.check_workers or os.cpu_count() or 1
+    console.print(f"self-checks of env={config.env.name}: {len(seeds)} tasks per agent, {workers} episode(s) at a time")
+    with Progress(console=console, transient=True) as progress:
+        episodes = progress.add_task("episodes", total=None)
+
+        def on_check(result: CheckResult) -> None:  # each check as soon as it is decided: a full run takes hours
+            console.print(f"{'PASS' if result.passed else 'FAIL'}  {result.name}: {result.detail}")
+
+        def on_episode(agent: str) -> None:
+            progress.update(episodes, advance=1, description=f"{agent} agent, episodes played")
+
+        results = run_self_checks(make_env, seeds, target_tools=target_tools(config), workers=workers,
+                                  on_check=on_check, on_episode=on_episode)
     print_table(
         f"self-checks of env={config.env.name} ({len(seeds)} benchmark tasks)",
         ["check", "result", "detail"],

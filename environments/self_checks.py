@@ -229,12 +229,13 @@ def run_self_checks(
         add(CheckResult("tools match the target's", not mismatches, "; ".join(mismatches) or f"{len(tools)} tools"))
 
     rewards: dict[str, list[float]] = {}
-    with _EpisodePool(make_env, workers) as pool:
+    with _EpisodePool(env, make_env, workers) as pool:
         def score(agent: str, episode: Callable[[Environment, int], float]) -> list[float]:
             rewards[agent] = pool.play(seeds, episode, (lambda: on_episode(agent)) if on_episode else None)
             return rewards[agent]
 
-        failed = [seed for seed, reward in zip(seeds, score("oracle", lambda env, seed: play(env, seed, oracle)[0])) if reward != 1.0]
+        scored = score("oracle", lambda env, seed: play(env, seed, oracle)[0])
+        failed = [seed for seed, reward in zip(seeds, scored) if reward != 1.0]
         add(CheckResult("oracle scores 1.0", not failed, _failures(seeds, failed)))
         for agent, policy in (("do-nothing", do_nothing), ("wrong-action", wrong_action)):
             scored = score(agent, lambda env, seed, policy=policy: play(env, seed, policy)[0])
@@ -242,13 +243,13 @@ def run_self_checks(
         # a random agent may luck into a one-bit task (a setting on or off): judged on its mean only
         scored = score("random-action", lambda env, seed: play_random(env, seed)[0])
         add(_weak_agent_check(f"random-action agent mean <= {WEAK_MEAN}", seeds, scored, every_task=False))
-        for farmer in ADVERSARIES:
-            scored = score(farmer.name, lambda env, seed, farmer=farmer: play_adversary(env, seed, farmer))
-            add(_weak_agent_check(f"{farmer.name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, scored,
-                                  every_task=True, at_most=FARMER_MEAN))
-        for name, _ in env.adversaries():  # each episode takes the policy from its own worker's environment
-            scored = score(name, lambda env, seed, name=name: play(env, seed, dict(env.adversaries())[name])[0])
-            add(_weak_agent_check(f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, scored,
+        # the reward farmers of every environment, then the environment's own (each episode takes its policy from
+        # the environment it plays on: a policy may keep state for its episode)
+        farmers = [(farmer.name, lambda env, seed, farmer=farmer: play_adversary(env, seed, farmer)) for farmer in ADVERSARIES]
+        farmers += [(name, lambda env, seed, name=name: play(env, seed, dict(env.adversaries())[name])[0])
+                    for name, _ in env.adversaries()]
+        for name, episode in farmers:
+            add(_weak_agent_check(f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, score(name, episode),
                                   every_task=True, at_most=FARMER_MEAN))
         if target_tools is not None:
             broken = score("broken-step", lambda env, seed: play_broken_oracle(env, seed)[0])
@@ -273,13 +274,15 @@ def run_self_checks(
 
 
 class _EpisodePool:
-    """Threads that play episodes, each thread on its own environment (an environment holds one episode at a time)."""
+    """Threads that play episodes, each on an environment no other thread is using (one holds one episode at a time):
+    the caller's first, another from ``make_env`` only when every one is busy, so at most ``workers`` in all."""
 
-    def __init__(self, make_env: Callable[[], Environment], workers: int):
+    def __init__(self, env: Environment, make_env: Callable[[], Environment], workers: int):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.make_env = make_env
-        self.local = threading.local()
+        self.idle = [env]
+        self.lock = threading.Lock()
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="self-check")
 
     def __enter__(self) -> "_EpisodePool":
@@ -292,9 +295,13 @@ class _EpisodePool:
              on_done: Callable[[], None] | None) -> list[float]:
         """``episode(env, seed)`` for every seed; the rewards in the order of ``seeds``."""
         def run(seed: int) -> float:
-            if not hasattr(self.local, "env"):
-                self.local.env = self.make_env()
-            return episode(self.local.env, seed)
+            with self.lock:
+                env = self.idle.pop() if self.idle else self.make_env()
+            try:
+                return episode(env, seed)
+            finally:
+                with self.lock:
+                    self.idle.append(env)
 
         futures = [self.executor.submit(run, seed) for seed in seeds]
         if on_done is not None:

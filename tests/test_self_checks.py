@@ -186,11 +186,13 @@ def test_the_spray_agent_calls_every_tool_with_seen_values():
 class OneEpisodeAtATime(DeviceEnvironment):
     """Fails if two threads ever use one instance; counts the episodes in flight across instances."""
 
-    in_flight, most_in_flight, guard = 0, 0, threading.Lock()
+    in_flight, most_in_flight, created, guard = 0, 0, 0, threading.Lock()
 
     def __init__(self):
         super().__init__()
         self.busy = threading.Lock()
+        with OneEpisodeAtATime.guard:
+            OneEpisodeAtATime.created += 1
 
     def step(self, message):
         if not self.busy.acquire(blocking=False):
@@ -218,5 +220,9 @@ def test_workers_play_episodes_at_once_each_on_its_own_environment_with_the_same
     agents = ["oracle", "do-nothing", "wrong-action", "random-action", "dump", "spray"]
     assert sorted(set(played)) == sorted(agents) and all(played.count(agent) == len(seeds) for agent in agents)
     assert OneEpisodeAtATime.most_in_flight >= 2
+    assert OneEpisodeAtATime.created <= 2 + 2  # the checks' own two, which serve one worker, and one per other worker
+    OneEpisodeAtATime.created = 0
+    run_self_checks(OneEpisodeAtATime, seeds[:2])
+    assert OneEpisodeAtATime.created == 2  # one worker plays on the checks' own environment: no third
     with pytest.raises(ValueError, match="workers must be >= 1"):
         run_self_checks(DeviceEnvironment, seeds, workers=0)

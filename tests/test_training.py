@@ -135,7 +135,6 @@ def test_recorded_sampling_logprobs_give_ratio_one():
     prompt = tokenizer.encode("The user says hi and the agent answers")
     [generation] = engine.generate([prompt], SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=10, seed=3))
     ids = prompt + generation.token_ids
-    mask = [0] * len(prompt) + [1] * len(generation.token_ids)
     actions = list(range(len(prompt), len(ids)))
     with torch.no_grad():
         new, _ = ActionLogprobs(policy, temperature=0.7)([ScoredRow(ids, actions)])

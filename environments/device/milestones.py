@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from environments.device.clock import to_datetime
-from environments.device.facts import Fact, mentions, mentions_all, states_only_allowed
+from environments.device.facts import Fact, mentions_all, states_only_allowed
 from environments.device.phone_numbers import same_phone
 from environments.device.state import SETTINGS, Contact, DeviceState
 from environments.protocol import Message

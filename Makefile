@@ -63,11 +63,16 @@ demo: install
 	$(VENV)/bin/trace-ray pipeline run_dir=runs/demo model=smollm2_135m env=device budget=demo
 	@echo "The demo shows every stage working on a small budget; the evidence run (budget=evidence) is in docs/results/device-smollm2/"
 
+# The suite runs on TEST_WORKERS pytest-xdist workers, each with its own local Ray; a file's tests stay on
+# one worker, so module fixtures (one finished pipeline run, one Serve app) are built once. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS := -n $(TEST_WORKERS) --dist loadfile
+
 test: install
-	$(PY) -m pytest -q -m 'not slow'
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m 'not slow'
 
 test-fast: install
-	$(PY) -m pytest -q -m 'not slow and not integration'
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m 'not slow and not integration'
 
 test-slow: install
 	$(PY) -m pytest -q -m slow

@@ -33,7 +33,7 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the whole test session (4 logical CPUs so light actors always fit)."""
+    """One local Ray per test process, i.e. per pytest-xdist worker (4 logical CPUs so light actors always fit)."""
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)

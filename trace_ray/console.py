@@ -14,7 +14,7 @@ LOG_COLUMNS = 160
 # Tables take a terminal's own width; logs (pipes, Ray job logs) get 160 columns unless COLUMNS says otherwise,
 # so the report tables are not squeezed to rich's default 80. Message lines are never broken (soft_wrap):
 # a line in a log stays one line, whole, for grep.
-console = Console(soft_wrap=True) if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=LOG_COLUMNS, soft_wrap=True)
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else LOG_COLUMNS, soft_wrap=True)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

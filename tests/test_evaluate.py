@@ -120,7 +120,7 @@ def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     rows = {row["method"]: row for row in report["methods"]}
     assert list(rows) == ["base", *(f"adapter:{n}" for n in names), "TRACE (logit)", "oracle router", "GRPO on target", "prompt injection"]
-    for router in ("TRACE (learned)", "TRACE (moe)"):  # trace-ray route trains them
+    for router in ("TRACE (learned)", "TRACE (moe)", "TRACE (auto)"):  # trace-ray route trains or chooses them
         assert router in report["not_evaluated"] and "trace-ray route" in report["not_evaluated"][router]
     assert all(row["tasks"] == 4 for row in rows.values())
     assert rows[f"adapter:{names[0]}"]["rollouts"] == 16 and rows["TRACE (logit)"]["rollouts"] == 24
@@ -214,6 +214,22 @@ def test_evaluate_plays_the_routers_that_route_trained_and_reuses_its_episodes(t
     assert report["choices"]["logit"] == [task["choice"] for task in fitted["tasks"]]  # the saved offsets, reloaded
     offsets = json.loads((tmp_path / "router" / "logit_offsets.json").read_text())
     assert offsets["train_routed_reward"]["fitted"] >= offsets["train_routed_reward"]["content_free"]
+    # router=auto: the rule route chose on the analysis tasks, reloaded from router/selection.json
+    selection = json.loads((tmp_path / "router" / "selection.json").read_text())
+    auto = json.loads((tmp_path / "router" / "auto.json").read_text())
+    assert report["choices"]["auto"] == [task["choice"] for task in auto["tasks"]]
+    assert rows["TRACE (auto)"]["rewards"] == [rows[row]["rewards"][i] for i, row in
+                                               enumerate("base" if pick == "base" else f"adapter:{pick}" for pick in report["choices"]["auto"])]
+    routing = report["routing"]
+    fallback = f"always {selection['fallback']} (best on analysis)"
+    assert sorted(routing) == sorted(["TRACE (logit)", "TRACE (learned)", "TRACE (auto)", "always base", fallback, "oracle router"])
+    assert routing["oracle router"]["accuracy"] == 1.0 and routing["oracle router"]["regret"] == 0.0
+    options = {"base": "base", **{name: f"adapter:{name}" for name in names}}
+    per_task = [{option: rows[row]["rewards"][i] for option, row in options.items()} for i in range(4)]
+    picks = report["choices"]["auto"]
+    assert routing["TRACE (auto)"]["accuracy"] == sum(r[p] == max(r.values()) for r, p in zip(per_task, picks)) / 4
+    assert routing["TRACE (auto)"]["regret"] == pytest.approx(sum(max(r.values()) - r[p] for r, p in zip(per_task, picks)) / 4)
+    assert "## Routing" in (tmp_path / "eval" / "report.md").read_text()
 
 
 def test_transcripts_show_each_win_with_both_sides_actions_and_milestones():

@@ -13,7 +13,7 @@ from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.models import load_model
 from trace_ray.routing.adapters import trained_adapters
 from trace_ray.routing.logit_router import with_request
-from trace_ray.routing.routers import logit_router
+from trace_ray.routing.routers import build_router, logit_router
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
 
@@ -64,18 +64,25 @@ def test_route_scores_every_router_against_oracle_labels(tmp_path):
     choices = [task["choice"] for task in report["tasks"]]
     # rows: oracle label (all base), columns: choice, both in the order datetime_reasoning, information_reporting, base
     assert report["confusion"] == [[0, 0, 0], [0, 0, 0], [choices.count(name) for name in [*names, "base"]]]
-    assert report["accuracy"] == choices.count("base") / 3  # every oracle label is base
-    assert report["routed_reward"] == 0.0
+    assert report["accuracy"] == 1.0  # every option ties at 0 on every task: any choice earns the best reward
+    assert report["routed_reward"] == 0.0 and report["regret"] == 0.0
     summary = json.loads((tmp_path / "router" / "summary.json").read_text())
     assert summary["tasks"] == 3 and summary["train_tasks"] == 4 and sum(summary["train_labels"].values()) == 4
     assert summary["oracle_reward"] == summary["base_reward"] == 0.0  # 0 on every task, for every option
-    assert summary["base_accuracy"] == 1.0 and summary["eval_labels"] == {"base": 3}
+    assert summary["comparators"]["always base"]["accuracy"] == 1.0 and summary["eval_labels"] == {"base": 3}
+    # router=auto: nothing beats the fallback (always base, best on average on the 4 training tasks by the tie rules)
+    selection = json.loads((tmp_path / "router" / "selection.json").read_text())
+    assert selection["chosen"] == "fallback" and selection["fallback"] == "base" and selection["rule"] == {"kind": "constant", "option": "base"}
+    analysis, held_out = environment_maker(compose_config("route", TINY).env)().task_seeds("analysis"), [t["seed"] for t in report["tasks"]]
+    assert selection["train_seeds"] == analysis[:4] and not set(selection["train_seeds"]) & set(held_out)
+    assert all(len(result["choices"]) == 4 for result in selection["candidates"].values())
+    assert [task["choice"] for task in json.loads((tmp_path / "router" / "auto.json").read_text())["tasks"]] == ["base"] * 3
     learned = summary["routers"]["learned"]  # the tiny model earns nothing on device tasks: every label is base
     assert summary["train_labels"] == {"base": 4} and "a gate would learn a constant" in learned["error"]
     assert "a gate would learn a constant" in summary["routers"]["moe"]["error"]
     assert not (tmp_path / "router" / "learned_gate.safetensors").exists()
     text = (tmp_path / "router" / "report.md").read_text()
-    assert "logit router accuracy" in text and "| learned | not trained" in text
+    assert "## logit: choices against the oracle labels" in text and "| learned | not trained" in text
     # the fitted offsets: every training reward ties at 0, so the fit sends every task to the base (its oracle label)
     fitted = json.loads((tmp_path / "router" / "logit_fitted.json").read_text())
     offsets = json.loads((tmp_path / "router" / "logit_offsets.json").read_text())
@@ -97,7 +104,7 @@ def test_the_learned_gate_trains_on_mixed_labels_and_is_scored_on_held_out_tasks
     assert summary["train_tasks"] == 8 and len(summary["train_labels"]) > 1
     report = json.loads((tmp_path / "router" / "learned.json").read_text())
     assert len(report["tasks"]) == 4 and report["accuracy"] == summary["routers"]["learned"]["accuracy"]
-    assert report["accuracy"] == sum(task["choice"] == task["oracle"] for task in report["tasks"]) / 4
+    assert report["accuracy"] == sum(task["rewards"][task["choice"]] == max(task["rewards"].values()) for task in report["tasks"]) / 4
     for task in report["tasks"]:  # the oracle label scored the task's best reward, and the base wins a tie
         rewards = task["rewards"]
         assert rewards[task["oracle"]] == max(rewards.values())
@@ -110,6 +117,19 @@ def test_the_learned_gate_trains_on_mixed_labels_and_is_scored_on_held_out_tasks
     assert card["names"] == [*names, "base"] and card["metrics"]["label_counts"] == {
         name: summary["train_labels"].get(name, 0) for name in card["names"]
     }
+    # router=auto: chosen out of fold on the 8 analysis tasks alone, and served (build_router) as route scored it
+    selection = json.loads((tmp_path / "router" / "selection.json").read_text())
+    assert selection["train_seeds"] == list(range(8)) and selection["folds"] == 4
+    chosen = selection["candidates"][selection["chosen"]]["routed_reward"]
+    assert chosen >= selection["candidates"]["fallback"]["routed_reward"]
+    assert all(chosen >= result["routed_reward"] for result in selection["candidates"].values())
+    config = compose_config("serve", [f"run_dir={tmp_path}", *TINY, env, "router=auto"])
+    network, tokenizer = load_model(config.model)
+    router = build_router(config, tmp_path, network, tokenizer, trained_adapters(tmp_path))
+    auto = json.loads((tmp_path / "router" / "auto.json").read_text())
+    target = environment_maker(config.env)()
+    served = router.route_many([list(target.reset(task["seed"]).messages) for task in auto["tasks"]])
+    assert [d.choice for d in served] == [task["choice"] for task in auto["tasks"]] and router.chosen == selection["chosen"]
 
 
 def test_the_gate_cannot_be_scored_on_its_training_split(tmp_path, capsys):

@@ -306,8 +306,15 @@ class EvaluateConfig:
 
 
 @dataclass
+class AutoRouterConfig:
+    folds: int = MISSING  # cross-validation folds over train_split's tasks
+    ridge: float = MISSING  # the keyword routers' ridge penalty
+    margin: float = MISSING  # the keyword routers pick an adapter only when its predicted reward gain exceeds this
+
+
+@dataclass
 class RouterConfig:
-    name: str = MISSING  # the router serve and evaluate use: logit | learned | moe | none
+    name: str = MISSING  # the router serve and evaluate use: auto | logit | learned | moe | none
     max_example_chars: int = MISSING  # logit: each option's example trajectory, compacted
     calibration: str = MISSING  # logit: content_free | fitted (plus offsets fitted on train_split by route) | none
     train_split: str = MISSING  # learned, moe, logit fitted: the target split whose oracle labels train the gates
@@ -315,6 +322,7 @@ class RouterConfig:
     synthetic_train_tasks: int = MISSING  # learned, moe: also this many tasks of each adapter's synthetic environment
     gate: GateConfig = field(default_factory=GateConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    auto: AutoRouterConfig = field(default_factory=AutoRouterConfig)
 
 
 @dataclass
@@ -547,7 +555,7 @@ def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConf
         _require(0 <= getattr(band, key) <= 1, f"calibration.band.{key} must be in [0, 1], got {getattr(band, key)}")
 
 
-ROUTERS = ("logit", "learned", "moe", "none")
+ROUTERS = ("auto", "logit", "learned", "moe", "none")
 ROUTER_CALIBRATIONS = ("content_free", "fitted", "none")  # the logit router's (trace_ray/routing/logit_router.py CALIBRATIONS)
 
 
@@ -564,6 +572,9 @@ def _validate_router(router: RouterConfig) -> None:
     _require(router.gate.weight_decay >= 0, f"router.gate.weight_decay must be >= 0, got {router.gate.weight_decay}")
     _require(router.moe.top_k >= 1, f"router.moe.top_k must be >= 1, got {router.moe.top_k}")
     _require(router.moe.load_balance_coef >= 0, f"router.moe.load_balance_coef must be >= 0, got {router.moe.load_balance_coef}")
+    _require(router.auto.folds >= 2, f"router.auto.folds must be >= 2, got {router.auto.folds}")
+    _require(router.auto.ridge > 0, f"router.auto.ridge must be > 0, got {router.auto.ridge}")
+    _require(router.auto.margin >= 0, f"router.auto.margin must be >= 0, got {router.auto.margin}")
 
 
 def _validate_serve(serve: ServeConfig) -> None:

@@ -5,7 +5,8 @@ turn limits:
 
 - ``base``: the base model alone;
 - ``adapter:<name>``: each capability adapter on every task;
-- ``TRACE (logit)``, ``TRACE (learned)``: the router picks one adapter (or
+- ``TRACE (logit)``, ``TRACE (learned)``, ``TRACE (auto)`` (the router ``trace-ray route``
+  chose by cross-validation): the router picks one adapter (or
   the base) per task from its first observation; with greedy decoding the
   task then plays exactly as that option's episode, so it is scored from it;
 - ``TRACE (moe)``: the LoRA mixture-of-experts trained by ``trace-ray route``
@@ -48,7 +49,8 @@ from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
 from trace_ray.evaluation.transcripts import write_episodes, write_predictions, write_wins
 from trace_ray.evaluation.report import (
-    COMPARISON_HEADER, TABLE_HEADER, MethodScores, comparison_rows, evaluation_report, report_markdown, table_rows,
+    COMPARISON_HEADER, ROUTING_HEADER, TABLE_HEADER, MethodScores, comparison_rows, evaluation_report, report_markdown, routing_cells,
+    table_rows,
 )
 from trace_ray.rollout_loop import EpisodeResult
 from trace_ray.training.training_log import read_metrics, rollouts_spent
@@ -56,7 +58,8 @@ from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate
 from trace_ray.routing.logit_router import BASE
 from trace_ray.routing.lora_moe import moe_engine
-from trace_ray.routing.routers import logit_router
+from trace_ray.routing.routers import auto_router, logit_router
+from trace_ray.routing.selection import routing_summary
 
 HELP = "evaluate the base model, each adapter, TRACE with each router, the oracle router and two baselines on the held-out split"
 
@@ -65,19 +68,25 @@ def scores(name: str, results: list[EpisodeResult], rollouts: int) -> MethodScor
     return MethodScores(name, [r.family for r in results], [r.reward for r in results], [r.success for r in results], rollouts)
 
 
-def router_choices(config: TraceConfig, run_dir: Path, adapters: list[TrainedAdapter], observations) -> tuple[dict, dict]:
-    """Router name -> its choice per task; and router name -> why it could not route (run on a Ray model worker)."""
+def router_choices(config: TraceConfig, run_dir: Path, adapters: list[TrainedAdapter], observations) -> tuple[dict, dict, str | None]:
+    """Router name -> its choice per task; router name -> why it could not route; and router=auto's fallback (the option
+    best on the training split; None without a selection). Run on a Ray model worker."""
     from trace_ray.models import assigned_device, load_model
 
     model, tokenizer = load_model(config.model, assigned_device())
-    choices, unavailable = {}, {}
+    choices, unavailable, fallback = {}, {}, None
     choices["logit"] = [d.choice for d in logit_router(config, model, tokenizer, adapters).route_many(observations)]
     try:
         gate = load_gate(run_dir / "router", config.model.name, [a.name for a in adapters])
         choices["learned"] = [d.choice for d in LearnedRouter(model, tokenizer, gate).route_many(observations)]
     except TraceRayError as exc:
         unavailable["TRACE (learned)"] = str(exc)
-    return choices, unavailable
+    try:
+        router = auto_router(config, run_dir, model, tokenizer, adapters)
+        choices["auto"], fallback = [d.choice for d in router.route_many(observations)], router.fallback
+    except TraceRayError as exc:
+        unavailable["TRACE (auto)"] = str(exc)
+    return choices, unavailable, fallback
 
 
 def run(config: TraceConfig) -> None:
@@ -101,7 +110,7 @@ def run(config: TraceConfig) -> None:
     played = play_options(config, make_env, options, seeds, known=load_played(run_dir / EPISODES, contexts, seeds))
     injected = play_options(config, with_system_note(make_env, capability_note(selected)), {}, seeds)
     observations = [list(target.reset(seed).messages) for seed in seeds]
-    choices, router_gaps = on_model_worker(config, router_choices, config, run_dir, adapters, observations)
+    choices, router_gaps, fallback = on_model_worker(config, router_choices, config, run_dir, adapters, observations)
     unavailable.update(router_gaps)
 
     history = {a.name: read_metrics(a.folder) for a in adapters}
@@ -114,6 +123,13 @@ def run(config: TraceConfig) -> None:
     order = [BASE] + [a.name for a in adapters]
     oracle = [best_choice({name: played[s][name].reward for name in order}, order) for s in seeds]
     methods.append(scores("oracle router", [played[s][pick] for s, pick in zip(seeds, oracle)], trace_rollouts))
+    option_rewards = [{name: played[s][name].reward for name in order} for s in seeds]
+    routed = {f"TRACE ({router})": picks for router, picks in choices.items()}
+    routed["always base"] = [BASE] * len(seeds)
+    if fallback:
+        routed[f"always {fallback} (best on {config.router.train_split})"] = [fallback] * len(seeds)
+    routed["oracle router"] = oracle
+    routing = {name: routing_summary(picks, option_rewards, config.evaluate.confidence, config.seed) for name, picks in routed.items()}
     episodes = {"base": [played[s][BASE] for s in seeds]}  # what each method played itself (routers reuse these)
     episodes.update({f"adapter:{a.name}": [played[s][a.name] for s in seeds] for a in adapters})
     try:
@@ -143,11 +159,11 @@ def run(config: TraceConfig) -> None:
     folder = run_dir / "eval"
     write_json(folder / "report.json", {
         "model": config.model.name, "env": config.env.name, "split": config.split, "tasks": len(seeds),
-        "confidence": config.evaluate.confidence, **report, "not_evaluated": unavailable,
+        "confidence": config.evaluate.confidence, **report, "routing": routing, "not_evaluated": unavailable,
         "choices": {**choices, "oracle": oracle}, "seeds": seeds,
     })
     with atomic_path(folder / "report.md") as scratch:
-        Path(scratch).write_text(report_markdown(title, report, unavailable, notes), encoding="utf-8")
+        Path(scratch).write_text(report_markdown(title, {**report, "routing": routing}, unavailable, notes), encoding="utf-8")
     write_episodes(folder / "episodes.parquet", episodes, {"split": config.split, "env": config.env.name, "model": config.model.name})
     write_wins(folder / "transcripts.md", episodes["base"], {name: results for name, results in episodes.items() if name != "base"})
     write_predictions(folder / "predictions", episodes, config.model.name)  # code-repair targets: SWE-bench predictions
@@ -165,6 +181,9 @@ def print_report(folder: Path) -> None:
     if report["comparisons"]:
         print_table(f"TRACE against GRPO on target and the best single adapter ({report['best_adapter']})",
                     COMPARISON_HEADER, comparison_rows(report["comparisons"]))
+    if report.get("routing"):
+        print_table("routing (ties count as correct; regret: the best option's reward minus the chosen one's)", ROUTING_HEADER,
+                    [(name, *routing_cells(result)) for name, result in report["routing"].items()])
     for name, reason in report["not_evaluated"].items():
         console.print(f"not evaluated: {name}: {reason}")
     console.print(f"report: {folder / 'report.md'}")

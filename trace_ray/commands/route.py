@@ -19,11 +19,21 @@ every router is scored on them:
   choice for a task is the option most of its layers pick at the prompt's
   last token.
 
-A learned router whose training labels are degenerate (one option
-throughout) is reported as not trained, with the reason. Writes
+- ``auto``: the router chosen by k-fold cross-validation on the training
+  split's tasks alone (``trace_ray/routing/selection.py``): always the option
+  best on average there (the fallback) unless a logit, learned or keyword
+  router beats it out of fold; saved to ``DIR/router/selection.json`` (the
+  folds' figures, the choice and its fitted rule), served as ``router=auto``.
+
+Scores are tie-aware: a choice is correct when its reward equals the best
+option's on the task, and a router's regret is the best reward minus its
+choice's. Beside the routers, the comparators: always base, always the
+fallback, the oracle. A learned router whose training labels are degenerate
+(one option throughout) is reported as not trained, with the reason. Writes
 ``DIR/router/<router>.json`` (per task: choice, scores, oracle label,
 rewards), ``DIR/router/summary.json`` and ``DIR/router/report.md``
-(accuracy, routed reward and the confusion matrix of each router).
+(accuracy, routed reward, regret and the confusion matrix of each router;
+the cross-validation table).
 """
 
 from __future__ import annotations
@@ -38,14 +48,20 @@ from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice, play_options
 from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts, save_played
+from trace_ray.evaluation.report import ROUTING_HEADER, ROUTING_NOTE, routing_cells
 from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
-from trace_ray.routing.learned_gate import fit_gate, gate_decisions, pooled_features, save_gate
+from trace_ray.routing.auto_router import chosen_decisions, save_selection, task_features
+from trace_ray.routing.learned_gate import fit_gate, gate_decisions, save_gate
 from trace_ray.routing.logit_router import BASE, RouteDecision
 from trace_ray.routing.lora_moe import MoERouter, fit_moe, prompt_ids, save_moe
 from trace_ray.routing.offsets import fit_offsets, offset_decisions, save_offsets
 from trace_ray.routing.routers import logit_router
+from trace_ray.routing.selection import (
+    FALLBACK, RoutingRow, TaskFeatures, best_on_average, candidate_rules, choose, cross_validate, hidden_matrix, routing_metrics,
+    routing_summary, tool_vocabulary,
+)
 
-HELP = "build the logit and learned routers over the trained adapters; accuracy and confusion matrices against oracle labels"
+HELP = "build every router over the trained adapters, choose one by cross-validation (router=auto), score them on held-out tasks"
 
 
 def split_seeds(env, split: str, limit: int | None) -> list[int]:
@@ -69,17 +85,17 @@ def oracle_rewards(config: TraceConfig, adapters: list[TrainedAdapter], seeds: l
     return {seed: {option: result.reward for option, result in results.items()} for seed, results in played.items()}
 
 
-def synthetic_examples(config: TraceConfig, adapters: list[TrainedAdapter], names: list[str]) -> list[tuple[list[dict], str]]:
-    """(first observation, oracle label) of the first ``router.synthetic_train_tasks`` analysis tasks of each adapter's
-    synthetic environment, labelled like the target's tasks from greedy episodes of every option there: where an
-    adapter helps at all, it is on its own capability's tasks, so these give the learned routers non-base labels."""
+def synthetic_examples(config: TraceConfig, adapters: list[TrainedAdapter], names: list[str]) -> list[tuple[list[dict], dict, str]]:
+    """(first observation, option rewards, oracle label) of the first ``router.synthetic_train_tasks`` analysis tasks of
+    each adapter's synthetic environment, from greedy episodes of every option there: where an adapter helps at all,
+    it is on its own capability's tasks, so these give the learned routers non-base labels."""
     examples = []
     for adapter in adapters:
         env_config = synthetic_env_config(config, adapter.name)
         env = environment_maker(env_config)()
         seeds = env.task_seeds("analysis")[: config.router.synthetic_train_tasks]
         for seed, rewards in oracle_rewards(config, adapters, seeds, env_config).items():
-            examples.append((list(env.reset(seed).messages), best_choice(rewards, [BASE] + names[:-1])))
+            examples.append((list(env.reset(seed).messages), rewards, best_choice(rewards, [BASE] + names[:-1])))
     return examples
 
 
@@ -89,14 +105,10 @@ def confusion(labels: list[str], choices: list[str], names: list[str]) -> list[l
     return [[counts[(label, choice)] for choice in names] for label in names]
 
 
-def router_summary(decisions: list[RouteDecision], labels: list[str], rewards: list[dict[str, float]], names: list[str]) -> dict:
-    """Accuracy against the oracle labels, the mean reward of the chosen options, and the confusion matrix."""
-    choices = [decision.choice for decision in decisions]
-    return {
-        "accuracy": sum(label == choice for label, choice in zip(labels, choices)) / len(labels),
-        "routed_reward": sum(reward[choice] for reward, choice in zip(rewards, choices)) / len(labels),
-        "confusion": confusion(labels, choices, names),
-    }
+def router_summary(choices: list[str], labels: list[str], rewards: list[dict[str, float]], names: list[str], confidence: float,
+                   seed: int) -> dict:
+    """Tie-aware accuracy, routed reward, regret (mean and bootstrap interval) and the confusion matrix against the oracle labels."""
+    return {**routing_summary(choices, rewards, confidence, seed), "confusion": confusion(labels, choices, names)}
 
 
 def matrix_markdown(names: list[str], matrix: list[list[int]]) -> list[str]:
@@ -110,31 +122,55 @@ def label_counts(labels: dict[str, int]) -> str:
     return ", ".join(f"{name} {count}" for name, count in labels.items()) or "none"
 
 
-def report_markdown(summary: dict) -> str:
-    names, lines = summary["options"], [f"# Routing on {summary['tasks']} held-out tasks ({summary['split']})", ""]
-    lines += ["| router | accuracy | routed reward |", "|---|---|---|"]
+def routing_rows(summary: dict) -> list[list[str]]:
+    """One row per router on the held-out tasks, then the comparators (always base, the fallback, the oracle)."""
+    rows = []
     for name, result in summary["routers"].items():
-        if "accuracy" in result:
-            lines.append(f"| {name} | {result['accuracy']:.3f} | {result['routed_reward']:.3f} |")
-        else:
-            lines.append(f"| {name} | not trained: {result['error']} | |")
-    lines += [f"| always base | {summary['base_accuracy']:.3f} | {summary['base_reward']:.3f} |"]
-    lines += [f"| oracle | 1.000 | {summary['oracle_reward']:.3f} |", ""]
+        label = name
+        if name == "auto":
+            chosen = summary["auto_chosen"]
+            label = f"auto ({'always ' + summary['fallback'] if chosen == FALLBACK else chosen})"
+        rows.append([label, *routing_cells(result)] if "accuracy" in result else [name, "not trained", result["error"], ""])
+    return rows + [[name, *routing_cells(result)] for name, result in summary["comparators"].items()]
+
+
+def selection_rows(selection: dict) -> list[list[str]]:
+    """One row per candidate: its out-of-fold figures on the training tasks, the chosen one marked."""
+    return [
+        [name + (" (chosen)" if name == selection["chosen"] else ""), *routing_cells(result),
+         " ".join(f"{fold['routed_reward']:.3f}" for fold in result["folds"])]
+        for name, result in selection["candidates"].items()
+    ]
+
+
+def report_markdown(summary: dict, selection: dict) -> str:
+    names, lines = summary["options"], [f"# Routing on {summary['tasks']} held-out tasks ({summary['split']})", ""]
+    lines += [ROUTING_NOTE, ""]
+    lines += ["| " + " | ".join(ROUTING_HEADER) + " |", "|---" * len(ROUTING_HEADER) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in routing_rows(summary)]
     lines += [
-        f"training labels: {label_counts(summary['train_labels'])} (target), "
+        "", f"training labels: {label_counts(summary['train_labels'])} (target), "
         f"{label_counts(summary['synthetic_train_labels'])} (synthetic environments)", "",
+        f"## router=auto: {selection['folds']}-fold cross-validation on {selection['train_tasks']} {summary['train_split']} tasks", "",
+        f"chosen: **{selection['chosen']}** (the highest out-of-fold routed reward, if above the fallback's: "
+        f"always {selection['fallback']} on all {summary['train_split']} tasks)", "",
+        "| candidate | accuracy (ties count) | routed reward | regret | routed reward per fold |", "|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in selection_rows(selection)), "",
     ]
     for name, result in summary["routers"].items():
         if "confusion" in result:
-            lines += [f"## {name} router accuracy against the oracle labels: {result['accuracy']:.3f}", ""]
+            lines += [f"## {name}: choices against the oracle labels (ties to base)", ""]
             lines += [*matrix_markdown(names, result["confusion"]), ""]
     return "\n".join(lines)
 
 
-def learned_decisions(config, model, tokenizer, names, train_observations, train_labels, eval_observations, folder: Path):
-    gate = fit_gate(pooled_features(model, tokenizer, train_observations), train_labels, names, config.router.gate, config.seed)
-    save_gate(folder, gate, config.model.name)
-    return gate_decisions(gate, pooled_features(model, tokenizer, eval_observations))
+def routing_features(config, adapters, observations, vocabulary) -> list[TaskFeatures]:
+    """Every feature of every task (run on a Ray model worker): the logit router's scores, pooled hidden states, keywords."""
+    from trace_ray.models import assigned_device, load_model
+
+    model, tokenizer = load_model(config.model, assigned_device())
+    logit = logit_router(config, model, tokenizer, adapters, calibration="content_free")
+    return task_features(model, tokenizer, logit, observations, vocabulary, {"logit", "hidden", "keywords"})
 
 
 def moe_decisions(config, adapters, train_observations, train_labels, eval_observations, folder: Path):
@@ -156,52 +192,51 @@ def router_file(router: str) -> str:
     return router.replace(" (", "_").replace(")", "").replace("-", "_").replace(" ", "_") + ".json"
 
 
-def logit_decisions(config, model, tokenizer, adapters, target_train, eval_observations, folder: Path) -> dict:
-    """The logit router under each calibration (``logit``: router.calibration's), from one forward pass per task;
-    the fitted offsets come from the target's training tasks (``target_train``: observations, per-option rewards,
-    oracle labels) and are saved in ``folder``."""
-    logit = logit_router(config, model, tokenizer, adapters, calibration="content_free")
-    observations, rewards, labels = target_train
-
-    def score_rows(table):
-        return [dict(zip(logit.names, row.tolist())) for row in table]
-
-    raw = logit.raw_label_logits(eval_observations)
-    free = score_rows(logit.scores(eval_observations, raw))
-    train_free = score_rows(logit.scores(observations, logit.raw_label_logits(observations)))
-    offsets, zero = fit_offsets(train_free, rewards, labels), {name: 0.0 for name in logit.names}
-    on_train = {name: [d.choice for d in offset_decisions(train_free, shift)] for name, shift in (("content_free", zero), ("fitted", offsets))}
+def logit_choices(config, rows: list[RoutingRow], held_out: list[TaskFeatures], folder: Path) -> dict[str, list[RouteDecision]]:
+    """The logit router's decisions on ``held_out`` under each calibration (``logit``: router.calibration's); the fitted
+    offsets come from the training ``rows`` and are saved in ``folder``."""
+    free = [row.features.content_free for row in rows]
+    rewards, labels = [row.rewards for row in rows], [row.label for row in rows]
+    offsets = fit_offsets(free, rewards, labels)
+    zero = {name: 0.0 for name in offsets}
+    on_train = {name: [d.choice for d in offset_decisions(free, shift)] for name, shift in (("content_free", zero), ("fitted", offsets))}
     save_offsets(
-        folder, offsets, config.model.name, train_split=config.router.train_split, train_tasks=len(observations),
-        train_routed_reward={name: sum(r[c] for r, c in zip(rewards, picks)) / len(picks) for name, picks in on_train.items()},
-        train_accuracy={name: sum(c == label for c, label in zip(picks, labels)) / len(picks) for name, picks in on_train.items()},
+        folder, offsets, config.model.name, train_split=config.router.train_split, train_tasks=len(rows),
+        train_routed_reward={name: routing_metrics(picks, rewards)["routed_reward"] for name, picks in on_train.items()},
+        train_accuracy={name: routing_metrics(picks, rewards)["accuracy"] for name, picks in on_train.items()},
     )
+    held_free = [task.content_free for task in held_out]
     variants = {
-        "none": offset_decisions(score_rows(raw), zero),
-        "content_free": offset_decisions(free, zero),
-        "fitted": offset_decisions(free, offsets),
+        "none": offset_decisions([task.raw_logits for task in held_out], zero),
+        "content_free": offset_decisions(held_free, zero),
+        "fitted": offset_decisions(held_free, offsets),
     }
     decisions = {"logit": variants[config.router.calibration]}
     decisions.update((LOGIT_VARIANTS[name], found) for name, found in variants.items() if name != config.router.calibration)
     return decisions
 
 
-def router_decisions(config, adapters, names, target_train, train_observations, train_labels, eval_observations, folder: Path) -> dict:
-    """Router name -> its decision per held-out task, or why it was not trained (run on a Ray model worker: the
-    logit router's scores and offsets, the learned gate's and the MoE's training)."""
-    from trace_ray.models import assigned_device, load_model
+def learned_choices(config, names, training: list[RoutingRow], held_out: list[TaskFeatures], folder: Path) -> list[RouteDecision]:
+    """The learned gate fitted on ``training``'s pooled hidden states and oracle labels (saved in ``folder``), on ``held_out``."""
+    gate = fit_gate(hidden_matrix([row.features for row in training]), [row.label for row in training], names, config.router.gate, config.seed)
+    save_gate(folder, gate, config.model.name)
+    return gate_decisions(gate, hidden_matrix(held_out))
 
-    model, tokenizer = load_model(config.model, assigned_device())
-    decisions: dict[str, list[RouteDecision] | str] = logit_decisions(config, model, tokenizer, adapters, target_train, eval_observations, folder)
-    try:
-        decisions["learned"] = learned_decisions(config, model, tokenizer, names, train_observations, train_labels, eval_observations, folder)
-    except TraceRayError as exc:
-        decisions["learned"] = str(exc)
-    try:
-        decisions["moe"] = moe_decisions(config, adapters, train_observations, train_labels, eval_observations, folder)
-    except TraceRayError as exc:
-        decisions["moe"] = str(exc)
-    return decisions
+
+def auto_choices(config, names, vocabulary, rows, synthetic, held_out, folder: Path) -> tuple[list[RouteDecision], dict]:
+    """router=auto: every candidate cross-validated on the training ``rows``; the chosen one, fitted on all of them, saved in
+    ``folder`` and applied to ``held_out``. Returns its choices and the selection's record."""
+    settings = config.router.auto
+    candidates = candidate_rules(names, config.router.gate, settings.ridge, settings.margin, config.seed)
+    folds = min(settings.folds, len(rows))
+    results = cross_validate(candidates, rows, synthetic, folds, config.seed)
+    chosen = choose(results)
+    rule = next(c for c in candidates if c.name == chosen).fit(rows, synthetic)
+    fallback = best_on_average(rows, names)
+    facts = {"train_split": config.router.train_split, "train_tasks": len(rows), "folds": folds, "fallback": fallback,
+             "train_seeds": [row.seed for row in rows]}
+    save_selection(folder, config.model.name, names, vocabulary, chosen, rule, results, **facts)
+    return chosen_decisions(rule.choose(held_out), names), {"chosen": chosen, "candidates": results, **facts}
 
 
 def run(config: TraceConfig) -> None:
@@ -218,24 +253,38 @@ def run(config: TraceConfig) -> None:
     names = [a.name for a in adapters] + [BASE]
     labels = {seed: best_choice(rewards[seed], [BASE] + names[:-1]) for seed in rewards}
     observations = {seed: list(target.reset(seed).messages) for seed in rewards}
-    eval_observations, eval_labels = [observations[s] for s in eval_seeds], [labels[s] for s in eval_seeds]
-    eval_rewards = [rewards[s] for s in eval_seeds]
+    vocabulary = tool_vocabulary(target.reset(eval_seeds[0]).tools)
     folder = run_dir / "router"
     synthetic = synthetic_examples(config, adapters, names) if config.router.synthetic_train_tasks else []
-    train_observations = [observations[s] for s in train_seeds] + [observation for observation, _ in synthetic]
-    train_labels = [labels[s] for s in train_seeds] + [label for _, label in synthetic]
 
-    console.print("routers: scores and training on a Ray model worker")
-    target_train = ([observations[s] for s in train_seeds], [rewards[s] for s in train_seeds], [labels[s] for s in train_seeds])
-    decisions = on_model_worker(config, router_decisions, config, adapters, names, target_train, train_observations, train_labels,
-                                eval_observations, folder)
+    console.print("routers: features on a Ray model worker")
+    ordered = [observations[s] for s in train_seeds] + [o for o, _, _ in synthetic] + [observations[s] for s in eval_seeds]
+    features = on_model_worker(config, routing_features, config, adapters, ordered, vocabulary)
+    rows = [RoutingRow(s, f, rewards[s], labels[s]) for s, f in zip(train_seeds, features)]
+    synthetic_rows = [RoutingRow(-1, f, r, label) for (_, r, label), f in zip(synthetic, features[len(rows):])]
+    held_out = features[len(rows) + len(synthetic_rows):]
 
+    choices: dict[str, list[RouteDecision] | str] = logit_choices(config, rows, held_out, folder)
+    try:
+        choices["learned"] = learned_choices(config, names, rows + synthetic_rows, held_out, folder)
+    except TraceRayError as exc:
+        choices["learned"] = str(exc)
+    train_observations = [observations[s] for s in train_seeds] + [o for o, _, _ in synthetic]
+    try:
+        choices["moe"] = on_model_worker(config, moe_decisions, config, adapters, train_observations,
+                                         [row.label for row in rows + synthetic_rows], [observations[s] for s in eval_seeds], folder)
+    except TraceRayError as exc:
+        choices["moe"] = str(exc)
+    choices["auto"], selection = auto_choices(config, names, vocabulary, rows, synthetic_rows, held_out, folder)
+
+    eval_labels, eval_rewards = [labels[s] for s in eval_seeds], [rewards[s] for s in eval_seeds]
+    confidence = config.evaluate.confidence
     routers = {}
-    for router, outcome in decisions.items():
+    for router, outcome in choices.items():
         if isinstance(outcome, str):
             routers[router] = {"error": outcome}
             continue
-        routers[router] = router_summary(outcome, eval_labels, eval_rewards, names)
+        routers[router] = router_summary([d.choice for d in outcome], eval_labels, eval_rewards, names, confidence, config.seed)
         write_json(folder / router_file(router), {
             "router": router, "split": config.split, "options": names, **routers[router],
             "tasks": [
@@ -244,28 +293,31 @@ def run(config: TraceConfig) -> None:
             ],
         })
     count = len(eval_seeds)
+    comparators = {
+        "always base": [BASE] * count,
+        f"always {selection['fallback']} (best on {config.router.train_split})": [selection["fallback"]] * count,
+        "oracle": eval_labels,
+    }
     summary = {
         "split": config.split, "tasks": count, "train_split": config.router.train_split, "train_tasks": len(train_seeds),
-        "options": names, "routers": routers,
+        "options": names, "routers": routers, "auto_chosen": selection["chosen"], "fallback": selection["fallback"],
+        "comparators": {name: router_summary(picks, eval_labels, eval_rewards, names, confidence, config.seed)
+                        for name, picks in comparators.items()},
         "train_labels": dict(Counter(labels[s] for s in train_seeds)), "eval_labels": dict(Counter(eval_labels)),
-        "synthetic_train_labels": dict(Counter(label for _, label in synthetic)),
-        "base_accuracy": eval_labels.count(BASE) / count, "base_reward": sum(r[BASE] for r in eval_rewards) / count,
+        "synthetic_train_labels": dict(Counter(label for _, _, label in synthetic)),
+        "base_reward": sum(r[BASE] for r in eval_rewards) / count,
         "oracle_reward": sum(max(r.values()) for r in eval_rewards) / count,
     }
     write_json(folder / "summary.json", summary)
     with atomic_path(folder / "report.md") as scratch:
-        Path(scratch).write_text(report_markdown(summary))
-    rows = [
-        (name, f"{r['accuracy']:.3f}", f"{r['routed_reward']:.3f}") if "accuracy" in r else (name, "not trained", r["error"])
-        for name, r in routers.items()
-    ]
-    rows += [("always base", f"{summary['base_accuracy']:.3f}", f"{summary['base_reward']:.3f}"), ("oracle", "1.000", f"{summary['oracle_reward']:.3f}")]
+        Path(scratch).write_text(report_markdown(summary, selection))
+    print_table(
+        f"router=auto: {selection['folds']}-fold cross-validation on {len(train_seeds)} {config.router.train_split} tasks "
+        f"(chosen: {selection['chosen']})",
+        ["candidate", *ROUTING_HEADER[1:], "per fold"], selection_rows(selection),
+    )
     print_table(
         f"routers on {count} held-out {config.env.name}/{config.split} tasks (trained on {len(train_seeds)} {config.router.train_split} tasks)",
-        ["router", "accuracy", "routed reward"], rows,
+        ROUTING_HEADER, routing_rows(summary),
     )
-    for router, result in routers.items():
-        if "confusion" in result:
-            print_table(f"{router} router (rows: oracle label, columns: choice)", ["oracle \\ router", *names],
-                        [(name, *(str(n) for n in row)) for name, row in zip(names, result["confusion"])])
-    console.print(f"per-task decisions and the report: {folder}")
+    console.print(f"per-task decisions, router/selection.json and the report: {folder}")

@@ -134,6 +134,19 @@ def comparison_rows(comparisons: list[dict]) -> list[tuple[str, ...]]:
 COMPARISON_HEADER = ["TRACE method", "against", "mean diff [CI]", "p", "Holm p", "wins/losses/ties"]
 
 
+ROUTING_HEADER = ["router", "accuracy (ties count)", "routed reward", "regret [95% CI]"]
+ROUTING_NOTE = ("A choice counts as correct when its reward equals the best option's on that task; regret is the best option's "
+                "reward minus the chosen one's.")
+
+
+def routing_cells(result: dict) -> list[str]:
+    """Tie-aware accuracy, routed reward and regret [interval] of a routing summary (:func:`trace_ray.routing.selection.routing_summary`)."""
+    regret = f"{result['regret']:.3f}"
+    if "regret_interval" in result:
+        regret += " [{:.3f}, {:.3f}]".format(*result["regret_interval"])
+    return [f"{result['accuracy']:.3f}", f"{result['routed_reward']:.3f}", regret]
+
+
 def _table(header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|", *("| " + " | ".join(cells) + " |" for cells in rows)]
 
@@ -150,6 +163,9 @@ def report_markdown(title: str, report: dict, unavailable: dict[str, str], notes
             lines += [f"Best single adapter: {report['best_adapter']} (highest mean reward of the single adapters on these tasks).", ""]
         lines += [f"Holm p: Holm-adjusted over all {paired} paired comparisons of this report (these and those against base).", ""]
         lines += _table(COMPARISON_HEADER, comparison_rows(comparisons))
+    if report.get("routing"):
+        lines += ["", "## Routing", "", ROUTING_NOTE, ""]
+        lines += _table(ROUTING_HEADER, [(name, *routing_cells(result)) for name, result in report["routing"].items()])
     if unavailable:
         lines += ["", "Not evaluated:", ""] + [f"- {name}: {reason}" for name, reason in unavailable.items()]
     families = sorted({family for row in rows for family in row["families"]})

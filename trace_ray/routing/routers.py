@@ -1,4 +1,4 @@
-"""The router a run directory supports, built for serving and evaluation (``router=logit|learned|moe|none``).
+"""The router a run directory supports, built for serving and evaluation (``router=auto|logit|learned|moe|none``).
 
 Every router answers ``route(first_observation) -> RouteDecision`` and
 ``route_many(observations)`` and names its options in ``names`` (the
@@ -16,9 +16,11 @@ from trace_ray.config import TraceConfig
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.errors import TraceRayError
 from trace_ray.routing.adapters import TrainedAdapter
+from trace_ray.routing.auto_router import AutoRouter, load_selection
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate
 from trace_ray.routing.logit_router import BASE, LogitRouter, RouteDecision, RouteOption, compact_messages
 from trace_ray.routing.offsets import load_offsets
+from trace_ray.routing.selection import needs
 
 
 class Router(Protocol):
@@ -48,6 +50,14 @@ def logit_router(config: TraceConfig, model, tokenizer, adapters: list[TrainedAd
                        calibration=calibration, offsets=offsets)
 
 
+def auto_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters: list[TrainedAdapter]) -> AutoRouter:
+    """The router ``trace-ray route`` chose (``run_dir/router/selection.json``); a missing selection is a one-line error."""
+    folder = run_dir / "router"
+    selection = load_selection(folder, config.model.name, [a.name for a in adapters] + [BASE])
+    logit = logit_router(config, model, tokenizer, adapters, "content_free") if "logit" in needs(selection["rule"]) else None
+    return AutoRouter(selection, model, tokenizer, logit, folder)
+
+
 def build_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters: list[TrainedAdapter]) -> Router | None:
     """``config.router.name``'s router over ``adapters`` (None for ``none``); a missing artifact is a one-line error."""
     name = config.router.name
@@ -55,6 +65,8 @@ def build_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters:
         return None
     if not adapters:
         raise TraceRayError(f"router={name} needs trained capability adapters in {run_dir / 'adapters'}; use router=none or run trace-ray train")
+    if name == "auto":
+        return auto_router(config, run_dir, model, tokenizer, adapters)
     if name == "logit":
         return logit_router(config, model, tokenizer, adapters)
     if name == "learned":

@@ -9,8 +9,9 @@ import pytest
 
 from environments.device.clock import to_datetime
 from environments.device.environment import DeviceEnvironment
-from environments.device.scenarios import BENCHMARK_SEEDS, FAMILIES, make_scenario
+from environments.device.scenarios import BENCHMARK_SEEDS, FAMILIES, MAX_SPLIT_SIZE, make_scenario
 from environments.registry import make_environment
+from trace_ray.config import DEVICE_MAX_SPLIT
 
 TRAIN_SEEDS = [DeviceEnvironment().train_seed(index) for index in range(50)]
 
@@ -50,6 +51,32 @@ def test_splits_are_fixed_disjoint_and_hold_every_family():
         env.task_seeds("train")
     with pytest.raises(ValueError, match="unknown split"):
         env.task_seeds("test")
+
+
+@pytest.mark.parametrize("size", [1, 63, 64, 65, 256, 5_000, MAX_SPLIT_SIZE])
+def test_larger_splits_keep_the_benchmark_seeds_first_and_never_meet_each_other_or_the_train_seeds(size):
+    env = DeviceEnvironment(analysis_size=size, eval_size=size)
+    analysis, evaluation = env.task_seeds("analysis"), env.task_seeds("eval")
+    assert len(analysis) == len(set(analysis)) == len(evaluation) == len(set(evaluation)) == size
+    assert analysis[:64] == list(BENCHMARK_SEEDS[:size])[:64] and evaluation[:64] == list(BENCHMARK_SEEDS[64:64 + size])
+    assert not set(analysis) & set(evaluation)
+    # the train seeds at the largest index the run could ask for never reach a split's seeds
+    train = {env.train_seed(index) for index in (0, 10 * MAX_SPLIT_SIZE)}
+    assert min(train) > max(analysis + evaluation)
+    if size >= 7 * 36:  # every family within one task of a seventh of the split
+        for seeds in (analysis, evaluation):
+            counts = Counter(FAMILIES[seed % len(FAMILIES)] for seed in seeds)
+            assert max(counts.values()) - min(counts.values()) <= 2  # the 64 benchmark seeds and the range after them: one each
+
+
+def test_the_default_splits_are_the_benchmarks_and_a_split_size_out_of_range_is_refused():
+    assert DEVICE_MAX_SPLIT == MAX_SPLIT_SIZE  # the config's bound is the environment's
+    default, sized = DeviceEnvironment(), make_environment("device", eval_size=256)
+    assert default.task_seeds("eval") == list(range(64, 128)) and default.task_seeds("analysis") == list(range(64))
+    assert sized.task_seeds("eval")[64:66] == [300_000, 300_001] and sized.task_seeds("analysis") == default.task_seeds("analysis")
+    for size in (0, MAX_SPLIT_SIZE + 1):
+        with pytest.raises(ValueError, match="a device split holds 1 to"):
+            DeviceEnvironment(eval_size=size).task_seeds("eval")
 
 
 @pytest.mark.parametrize("seed", list(BENCHMARK_SEEDS) + TRAIN_SEEDS)

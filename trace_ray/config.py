@@ -112,6 +112,9 @@ class EnvConfig:
     repos_dir: Optional[str] = None
     # env=code_repair: a folder of tasks on local packages (tasks.jsonl, packages.json); null: the pinned packages'
     tasks_dir: Optional[str] = None
+    # env=device: tasks in the analysis and eval splits (null: the benchmark's 64 seeds each; more go on in each split's own range)
+    analysis_size: Optional[int] = None
+    eval_size: Optional[int] = None
 
 
 @dataclass
@@ -461,6 +464,10 @@ def validate(config: TraceConfig) -> TraceConfig:
         _require(bool(env.spec), "env=synthetic needs env.spec (conf/env/synthetic.yaml sets it from run_dir)")
     if env.name in TAU2_ENVS:
         _validate_tau2_env(env)
+    for key in ("analysis_size", "eval_size"):
+        size = getattr(env, key)
+        _require(size is None or env.name == "device", f"env.{key} sizes the device target's splits only, not env={env.name}; drop it")
+        _require(size is None or 1 <= size <= DEVICE_MAX_SPLIT, f"env.{key} must be 1 to {DEVICE_MAX_SPLIT} tasks, got {size}")
     _validate_synthesis(config.synthesis, config.calibration)
     _validate_training(config.grpo, config.lora, config.trainer)
     _validate_router(config.router)
@@ -555,6 +562,7 @@ def _validate_synthesis(synthesis: SynthesisConfig, calibration: CalibrationConf
         _require(0 <= getattr(band, key) <= 1, f"calibration.band.{key} must be in [0, 1], got {getattr(band, key)}")
 
 
+DEVICE_MAX_SPLIT = 100_000  # environments/device/scenarios.py MAX_SPLIT_SIZE: each split's seed range
 ROUTERS = ("auto", "logit", "learned", "moe", "none")
 ROUTER_CALIBRATIONS = ("content_free", "fitted", "none")  # the logit router's (trace_ray/routing/logit_router.py CALIBRATIONS)
 

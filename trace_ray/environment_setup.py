@@ -32,6 +32,8 @@ def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
         options.update(instances=env.instances, repos_dir=env.repos_dir)
     if env.name == "code_repair":
         options.update(tasks_dir=env.tasks_dir)
+    if env.name == "device":
+        options.update((key, size) for key, size in (("analysis_size", env.analysis_size), ("eval_size", env.eval_size)) if size)
     if env.name in TAU2_ENVS:
         from environments.tau2.package import Tau2NotInstalledError, tau2_module
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from environments.device.capability_evidence import DETECTORS, device_capability_evidence
 from environments.device.milestones import score_episode
-from environments.device.scenarios import SPLIT_SEEDS, TRAIN_SEED_OFFSET, Scenario, make_scenario
+from environments.device.scenarios import TRAIN_SEED_OFFSET, Scenario, make_scenario, split_seeds
 from environments.device.state import DeviceState
 from environments.device.tools import DeviceTools
 from environments.protocol import Message
@@ -24,9 +24,13 @@ POLICY = (
 class DeviceEnvironment(ToolEnvironment):
     name = "device"
 
-    def __init__(self, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0):
+    def __init__(
+        self, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0, analysis_size: int = 64,
+        eval_size: int = 64,
+    ):
         super().__init__(max_turns=max_turns, max_tool_calls_per_turn=max_tool_calls_per_turn)
         self.success_threshold = success_threshold
+        self.split_sizes = {"analysis": analysis_size, "eval": eval_size}
         self.scenario: Scenario | None = None
         self.state: DeviceState | None = None
         self._clarified = False
@@ -35,9 +39,9 @@ class DeviceEnvironment(ToolEnvironment):
     def task_seeds(self, split: str) -> list[int]:
         if split == "train":
             raise ValueError("the train split has unlimited seeds; use train_seed(index)")
-        if split not in SPLIT_SEEDS:
+        if split not in self.split_sizes:
             raise ValueError(f"unknown split {split!r}; choose analysis, eval or train")
-        return list(SPLIT_SEEDS[split])
+        return split_seeds(split, self.split_sizes[split])
 
     def train_seed(self, index: int) -> int:
         if index < 0:

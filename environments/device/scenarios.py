@@ -33,7 +33,22 @@ FAMILIES = (
 )
 BENCHMARK_SEEDS = tuple(range(128))
 SPLIT_SEEDS = {"analysis": BENCHMARK_SEEDS[:64], "eval": BENCHMARK_SEEDS[64:]}
+# a split larger than its 64 benchmark seeds goes on in its own range; every range is MAX_SPLIT_SIZE wide at most,
+# so analysis, eval and train seeds never meet
+SPLIT_EXTENSIONS = {"analysis": 200_000, "eval": 300_000}
+MAX_SPLIT_SIZE = 100_000
 TRAIN_SEED_OFFSET = 1_000_000
+
+
+def split_seeds(split: str, size: int) -> list[int]:
+    """The first ``size`` seeds of ``split``: its 64 benchmark seeds, then consecutive seeds of its own range (every
+    family's share stays 1 in 7 within one task, since the family is the seed modulo 7)."""
+    if split not in SPLIT_SEEDS:
+        raise ValueError(f"unknown split {split!r}; choose analysis, eval or train")
+    if not 1 <= size <= MAX_SPLIT_SIZE:
+        raise ValueError(f"a device split holds 1 to {MAX_SPLIT_SIZE} tasks, not {size}")
+    benchmark = list(SPLIT_SEEDS[split][:size])
+    return benchmark + list(range(SPLIT_EXTENSIONS[split], SPLIT_EXTENSIONS[split] + size - len(benchmark)))
 
 
 @dataclass

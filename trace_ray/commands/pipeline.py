@@ -30,7 +30,7 @@ from typing import Callable
 
 from trace_ray.artifacts import atomic_path
 from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
-from trace_ray.config import SynthesisConfig, TraceConfig
+from trace_ray.config import EnvConfig, SynthesisConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.errors import TraceRayError
 from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
@@ -91,10 +91,13 @@ class Stage:
 # accept_out_of_band decides what train trains, not what synthesis builds: a key of the train stage only
 SYNTHESIS_KEYS = tuple(f"synthesis.{f.name}" for f in dataclasses.fields(SynthesisConfig))  # all: they decide which are trainable
 
+# collection plays the analysis split: a larger eval split leaves it (and what follows from it) up to date
+COLLECT_ENV_KEYS = tuple(f"env.{field.name}" for field in dataclasses.fields(EnvConfig) if field.name != "eval_size")
+
 STAGES = [
     Stage(
         "collect", "collect",
-        ("model.name", "model.sampling", "env", "samples_per_task", "temperature", "top_p", "seed", "rollout.max_episode_tokens", "pipeline.collect_limit"),
+        ("model.name", "model.sampling", *COLLECT_ENV_KEYS, "samples_per_task", "temperature", "top_p", "seed", "rollout.max_episode_tokens", "pipeline.collect_limit"),
         lambda c, d: _replace(c, split="analysis", limit=c.pipeline.collect_limit),
         lambda c, d: ["trajectories"],
     ),
@@ -123,12 +126,12 @@ STAGES = [
         lambda c, d: [f"adapters/{c.evaluate.grpo_baseline}"],
     ),
     Stage(
-        "route", "route", ("router", "pipeline.eval_limit"),
+        "route", "route", ("router", "env.eval_size", "pipeline.eval_limit"),
         lambda c, d: _replace(c, split="eval", limit=c.pipeline.eval_limit),
         lambda c, d: ["router"],
     ),
     Stage(
-        "evaluate", "evaluate", ("evaluate", "pipeline.eval_limit"),
+        "evaluate", "evaluate", ("evaluate", "env.eval_size", "pipeline.eval_limit"),
         lambda c, d: _replace(c, split="eval", limit=c.pipeline.eval_limit),
         lambda c, d: ["eval"],
     ),

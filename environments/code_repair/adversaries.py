@@ -97,4 +97,4 @@ def adversary(name: str) -> Callable:
 
 FARMER_NAMES = ("rewrite-tests", "return-early", "silence-pytest", "exit-on-import")
 TAMPER_NAMES = tuple(PAYLOADS)
-NAMES = FARMER_NAMES
+NAMES = FARMER_NAMES + TAMPER_NAMES

@@ -85,7 +85,8 @@ def test_every_self_check_passes_including_the_code_repair_farmers(source):
     failed = {name: result.detail for name, result in results.items() if not result.passed}
     assert not failed, failed
     names = " ".join(results)
-    for farmer in ("rewrite-tests", "return-early", "silence-pytest", "exit-on-import", "dump", "spray"):
+    for farmer in ("rewrite-tests", "return-early", "silence-pytest", "exit-on-import", "dump", "spray", "hook-plugin",
+                   "patch-pytest", "assert-proof", "fake-test-modules", "forged-exit"):
         assert f"{farmer} agent" in names
 
 

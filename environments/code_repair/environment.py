@@ -11,11 +11,16 @@ tests (sandboxed, output truncated) and submit. The episode ends on
 
 Grading never trusts the working copy: a fresh copy of the original tree
 receives the agent's version of each of its source files (files the agent
-added, test files, ``conftest.py`` and configuration are left out), the
-task's ``test_patch`` if any, then every ``FAIL_TO_PASS`` and
-``PASS_TO_PASS`` test runs in the sandbox. Reward 1.0 when all pass
-(Pass@1), else 0; ``info`` lists the tests that failed and holds the agent's
-``model_patch`` (a unified diff, as SWE-bench predictions carry it).
+added, test files, ``conftest.py`` and configuration are left out). An edit
+that adds code reaching the grading machinery (``edit_check.py``) is refused
+unrun. Otherwise the task's ``test_patch`` if any is applied and the source
+grades the copy (``TaskSource.grade``, see ``grading.py``): every
+``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test runs in the sandbox, with
+canaries and a witness that code under test cannot decide. Reward 1.0 when
+all pass and nothing shows tampering (Pass@1), else 0; ``info`` lists the
+tests that failed, whether the run was ``tampered`` and why
+(``tamper_reasons``), and holds the agent's ``model_patch`` (a unified diff,
+as SWE-bench predictions carry it).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from environments.code_repair.edit_check import edit_problems
+from environments.code_repair.grading import Grade
 from environments.code_repair.mutations import iter_functions
 from environments.code_repair.sources import PackageSource, SWEBenchSource, TaskSource, patch_edits, patch_files
 from environments.code_repair.tasks import run_tests
@@ -56,6 +63,7 @@ def tool_call(name: str, arguments: dict, turn: int) -> Message:
 
 class CodeRepairEnvironment(ToolEnvironment):
     name = "code_repair"
+    check_edits = True  # the static check of the agent's edits (edit_check.py); off only to measure the other layers
 
     def __init__(self, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0,
                  source: TaskSource | None = None, tasks_dir: str | None = None):
@@ -218,21 +226,30 @@ class CodeRepairEnvironment(ToolEnvironment):
         with tempfile.TemporaryDirectory(prefix="code-repair-grade-") as scratch:
             graded = Path(scratch) / "repo"
             shutil.copytree(original, graded, symlinks=True)
+            problems = []
             for relative in source.source_files(task, original):  # the agent's version of each source file, nothing else
                 edited = self.workdir / relative
                 if edited.is_file():
                     shutil.copyfile(edited, graded / relative)
+                    if self.check_edits:
+                        before = (original / relative).read_text(encoding="utf-8", errors="replace")
+                        problems += [f"{relative} {problem}" for problem in
+                                     edit_problems(before, edited.read_text(encoding="utf-8", errors="replace"))]
                 else:
                     (graded / relative).unlink()
-            source.before_grading(task, graded)
-            run = run_tests(graded, source.test_paths(task), source.pytest_args(task), TEST_TIMEOUT_S, sandboxed=True)
+            if problems:  # refused unrun: the edit reaches the machinery that grades it
+                grade = Grade(frozenset(), tamper_reasons=tuple(problems))
+            else:
+                source.before_grading(task, graded)
+                grade = source.grade(task, graded, TEST_TIMEOUT_S)
         required = [*task["FAIL_TO_PASS"], *task["PASS_TO_PASS"]]
-        failed = sorted(test for test in required if test not in run.passed)
-        reward = 0.0 if run.timed_out or failed else 1.0
+        failed = sorted(test for test in required if test not in grade.passed)
+        reward = 0.0 if grade.timed_out or failed or grade.hidden_failed or grade.tamper_reasons else 1.0
         return reward, {
             "success": reward >= self.success_threshold, "tests_failed": failed[:20], "tests_failed_count": len(failed),
-            "fail_to_pass_fixed": sum(test in run.passed for test in task["FAIL_TO_PASS"]), "fail_to_pass": len(task["FAIL_TO_PASS"]),
-            "timed_out": run.timed_out, "instance_id": task["instance_id"], "model_patch": self.model_patch(),
+            "fail_to_pass_fixed": sum(test in grade.passed for test in task["FAIL_TO_PASS"]), "fail_to_pass": len(task["FAIL_TO_PASS"]),
+            "hidden_failed": grade.hidden_failed, "timed_out": grade.timed_out, "tampered": bool(grade.tamper_reasons),
+            "tamper_reasons": list(grade.tamper_reasons), **grade.details, "instance_id": task["instance_id"], "model_patch": self.model_patch(),
         }
 
     # -- capabilities -------------------------------------------------------------------------

@@ -7,19 +7,40 @@ boolean negated or a value returned as ``None``, a parameter's default
 changed. Each :class:`Mutation` replaces one node's source text (so the
 diff against the original is a line or two, as a real bug's fix would be)
 and names the function it lives in. Pure functions, no I/O.
+
+:func:`syntax_tree` is ``ast.parse`` for every module of this package:
+CPython 3.11 builds syntax trees with interpreter-wide state, and the
+self-checks grade episodes in threads (two parses at once fail with
+``SystemError: AST constructor recursion depth mismatch``), so one parse
+runs at a time.
 """
 
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 COMPARISON_FLIPS = {  # the negation, then the boundary moved
     ast.Lt: ("<", [">=", "<="]), ast.LtE: ("<=", [">", "<"]), ast.Gt: (">", ["<=", ">="]), ast.GtE: (">=", ["<", ">"]),
     ast.Eq: ("==", ["!="]), ast.NotEq: ("!=", ["=="]), ast.In: ("in", ["not in"]), ast.NotIn: ("not in", ["in"]),
     ast.Is: ("is", ["is not"]), ast.IsNot: ("is not", ["is"]),
 }
+
+
+AST_LOCK = threading.Lock()  # held while a syntax tree is built or read back (see the module docstring)
+
+
+def syntax_tree(source: str) -> ast.Module:
+    with AST_LOCK:
+        return ast.parse(source)
+
+
+def literal(text: str) -> Any:
+    """``ast.literal_eval`` under the same lock."""
+    with AST_LOCK:
+        return ast.literal_eval(text)
 
 
 @dataclass(frozen=True)
@@ -154,7 +175,7 @@ class _Collector(ast.NodeVisitor):
 def mutations(source: str) -> list[Mutation]:
     """Every candidate bug of ``source`` whose mutant still compiles, in source order."""
     collector = _Collector(source)
-    collector.visit(ast.parse(source))
+    collector.visit(syntax_tree(source))
     found = []
     for mutation in sorted(collector.found, key=lambda m: (m.start, m.kind, m.replacement)):
         try:
@@ -176,4 +197,4 @@ def iter_functions(source: str) -> Iterator[tuple[str, int, int]]:
             elif isinstance(node, ast.ClassDef):
                 yield from walk(node.body, [*scope, node.name])
 
-    yield from walk(ast.parse(source).body, [])
+    yield from walk(syntax_tree(source).body, [])

@@ -25,6 +25,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from environments.code_repair.grading import Grade, grade_with_pytest
 from environments.code_repair.packages import PACKAGES, Package, cache_dir, unpack
 from trace_ray.errors import TraceRayError
 
@@ -90,6 +91,12 @@ class TaskSource:
     def buggy_text(self, task: dict, relative: str) -> str:
         """A file of the tree the agent starts from (default: the original's, which has the bug)."""
         return (self.original(task) / relative).read_text(encoding="utf-8")
+
+    def grade(self, task: dict, graded: Path, timeout_s: float) -> Grade:
+        """Run the task's hidden tests on the graded copy (default: its tests with canaries and the witness, see
+        ``grading.py``)."""
+        return grade_with_pytest(graded, self.test_paths(task), self.pytest_args(task), [*task["FAIL_TO_PASS"], *task["PASS_TO_PASS"]],
+                                 task["FAIL_TO_PASS"], timeout_s)
 
     def source_files(self, task: dict, root: Path) -> list[str]:
         """The ``.py`` files of ``root`` that are the code under repair: not tests, conftest, setup or hidden folders."""

@@ -4,7 +4,10 @@ A :class:`CodeRepairTemplateEnvironment` is the code-repair environment (the
 same tools, policy, sandboxed test runs and hidden-test grading, Pass@1)
 whose tasks come from one capability's template
 (``environments/code_repair/synthetic_templates.py``) at one difficulty: a
-generated module with a seeded bug and its pytest file. The oracle plays the
+generated module with a seeded bug and its pytest file. Grading runs no
+pytest: the sandbox records what each test's call (and hidden calls drawn
+per grading run) returns, and the values are compared here, outside it
+(``grading.grade_calls``). The oracle plays the
 template's moves; ``capability_turns``/``broken_step`` give the self-checks
 the turn that needs the capability and the move made without it.
 """
@@ -12,13 +15,16 @@ the turn that needs the capability and the move made without it.
 from __future__ import annotations
 
 import hashlib
+import random
+import secrets
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 from environments.code_repair.environment import CodeRepairEnvironment, tool_call
+from environments.code_repair.grading import Grade, grade_calls
 from environments.code_repair.sources import TaskSource
-from environments.code_repair.synthetic_templates import TEMPLATES, SyntheticTask, make_task
+from environments.code_repair.synthetic_templates import TEMPLATES, SyntheticTask, hidden_calls, make_task, outcomes, test_calls
 from environments.protocol import Message
 from environments.synthetic.seeds import TemplateSeeds
 
@@ -78,6 +84,15 @@ class GeneratedSource(TaskSource):
 
     def is_test(self, task: dict, relative: str) -> bool:
         return relative.startswith("tests/")
+
+    def grade(self, task: dict, graded: Path, timeout_s: float) -> Grade:
+        """Every test's call and hidden calls drawn now, run in the sandbox; the values compared here with the correct
+        module's (see ``grading.py``)."""
+        module = task["synthetic"].module
+        tests = [(f"{module.test_file}::{test}", function, arguments) for test, function, arguments in test_calls(module)]
+        hidden = hidden_calls(module, random.Random(secrets.randbits(64)))
+        expected = outcomes(module.source, [(function, arguments) for _, function, arguments in tests] + hidden)
+        return grade_calls(graded, module.name, tests, hidden, expected, timeout_s)
 
 
 class CodeRepairTemplateEnvironment(TemplateSeeds, CodeRepairEnvironment):

@@ -43,6 +43,7 @@ DIFFICULTIES = (1, 2, 3)
 MODULE_NAMES = ("helpers", "measures", "listing", "tally", "ranges", "shaping", "figures", "batches")
 NOUNS = ("speed", "volume", "width", "price", "score", "level", "weight", "stock", "delay", "height", "budget", "margin")
 CASES_PER_FUNCTION = 6
+HIDDEN_CALLS_PER_FUNCTION = 4  # calls the grader adds per function, drawn per grading run (grading.py)
 
 
 # -- function families ------------------------------------------------------------------------
@@ -221,6 +222,25 @@ def test_calls(module: Module) -> list[tuple[str, str, tuple]]:
     """(test name, function, arguments) of every test, in the test file's order."""
     return [(f"test_{function.name}_{index}", function.name, arguments)
             for function in module.functions for index, arguments in enumerate(function.cases, 1)]
+
+
+def _varied(argument: Any, rng: random.Random) -> Any:
+    """Another argument of the same kind as ``argument``."""
+    if isinstance(argument, bool):
+        return rng.random() < 0.5
+    if isinstance(argument, int):
+        return rng.randint(-5, 60)
+    if isinstance(argument, str):
+        return "".join(rng.choice("abxyz0.*-") for _ in range(rng.randint(0, 9)))
+    if isinstance(argument, list):
+        return [_varied(argument[0] if argument else 0, rng) for _ in range(rng.randint(0, 8))]
+    return argument
+
+
+def hidden_calls(module: Module, rng: random.Random, per_function: int = HIDDEN_CALLS_PER_FUNCTION) -> list[tuple[str, tuple]]:
+    """(function, arguments) of calls the tests do not make: each function's test arguments varied at random."""
+    return [(function.name, tuple(_varied(argument, rng) for argument in rng.choice(function.cases)))
+            for function in module.functions for _ in range(per_function)]
 
 
 def test_file_text(module: Module, expected: list[Any]) -> str:

@@ -26,11 +26,22 @@ from typing import Sequence
 
 from environments.code_repair.mutations import Mutation, mutations
 from environments.code_repair.packages import Package
-from environments.code_repair.test_runner import pytest_command
+from environments.code_repair.test_runner import RecordChannel, pytest_command
 
 SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) (\S+)")
 FAILURE_HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
 FRAME_LINE = re.compile(r"^\S+:\d+: in ")
+
+
+@dataclass(frozen=True)
+class Witnessed:
+    """What the witness of a sandboxed run recorded (``sandbox_runner.py``): the collected test ids, each test's
+    outcome, and what on its channel was not its own (lines without the run's nonce, a test or the collection recorded
+    twice)."""
+
+    collected: frozenset[str]  # summary ids (see summary_id)
+    outcomes: dict[str, str]  # summary id -> passed | failed | error | skipped
+    problems: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -40,24 +51,66 @@ class TestRun:
     seconds: float
     output: str
     timed_out: bool = False
+    errored: frozenset[str] = frozenset()  # errored (also in failed)
+    witnessed: Witnessed | None = None  # sandboxed runs
+
+    def reported(self) -> dict[str, str]:
+        """Each test's outcome as pytest's summary reports it: passed, failed or error."""
+        outcomes = {test: "passed" for test in self.passed}
+        outcomes.update({test: "failed" for test in self.failed - self.errored})
+        outcomes.update({test: "error" for test in self.errored})
+        return outcomes
+
+
+def summary_id(node_id: str) -> str:
+    """A node id as pytest's summary line shows it (and :func:`run_tests` reads it): up to its first space."""
+    return node_id.split(" ")[0]
+
+
+def witnessed(records: list[dict], foreign: int) -> Witnessed:
+    """The witness's records of one run, keyed like the summary's ids (tests whose ids agree up to a space count as
+    passed only when all passed)."""
+    collections = [record["collected"] for record in records if "collected" in record]
+    by_node: dict[str, str] = {}
+    twice = set()
+    for record in records:
+        if "test" in record:
+            if record["test"] in by_node:
+                twice.add(record["test"])
+            by_node[record["test"]] = record["outcome"]
+    outcomes: dict[str, str] = {}
+    for node, outcome in by_node.items():
+        if outcomes.get(summary_id(node), "passed") == "passed":
+            outcomes[summary_id(node)] = outcome
+    problems = [f"{foreign} line(s) on the witness's channel without the run's nonce"] if foreign else []
+    problems += ["the collection recorded more than once"] if len(collections) > 1 else []
+    problems += [f"{len(twice)} test(s) recorded twice (e.g. {min(twice)})"] if twice else []
+    return Witnessed(frozenset(summary_id(node) for node in (collections[0] if collections else ())), outcomes, tuple(problems))
 
 
 def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), timeout_s: float = 60, sandboxed: bool = False) -> TestRun:
-    """Run pytest on ``paths`` in the working copy ``root`` (sandboxed: see ``test_runner.py``); outcomes by node id."""
-    command, cwd = pytest_command(root, paths, extra_args, sandboxed)
+    """Run pytest on ``paths`` in the working copy ``root`` (sandboxed: see ``test_runner.py``, with the witness's
+    records); outcomes by node id."""
+    channel = RecordChannel() if sandboxed else None
+    command, cwd = pytest_command(root, paths, extra_args, channel.fd if channel else None)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
     start = time.monotonic()
     try:
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=env,
+                                input=channel.nonce + "\n" if channel else None, pass_fds=(channel.fd,) if channel else ())
     except subprocess.TimeoutExpired as exc:
         output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return TestRun(frozenset(), frozenset(), time.monotonic() - start, output, timed_out=True)
-    passed, failed = set(), set()
+    finally:
+        records = channel.close() if channel else None
+    outcomes: dict[str, set] = {"PASSED": set(), "FAILED": set(), "ERROR": set()}
     for line in result.stdout.splitlines():
         match = SUMMARY_LINE.match(line)
         if match:
-            (passed if match.group(1) == "PASSED" else failed).add(match.group(2))
-    return TestRun(frozenset(passed), frozenset(failed), time.monotonic() - start, result.stdout + result.stderr)
+            outcomes[match.group(1)].add(match.group(2))
+    return TestRun(frozenset(outcomes["PASSED"]), frozenset(outcomes["FAILED"] | outcomes["ERROR"]), time.monotonic() - start,
+                   result.stdout + result.stderr, errored=frozenset(outcomes["ERROR"]),
+                   witnessed=witnessed(*records) if records else None)
 
 
 def failure_report(output: str, test_id: str) -> tuple[str | None, list[str]]:

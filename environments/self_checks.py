@@ -205,9 +205,12 @@ def _weak_agent_check(name: str, seeds: list[int], rewards: list[float], every_t
 def run_self_checks(
     make_env: Callable[[], Environment], seeds: list[int], target_tools: list[ToolSchema] | None = None,
     workers: int = 1, on_check: Callable[[CheckResult], None] | None = None,
-    on_episode: Callable[[str], None] | None = None,
+    on_episode: Callable[[str], None] | None = None, agents: list[str] | None = None,
 ) -> list[CheckResult]:
     """Every check on ``seeds``; ``target_tools`` marks a synthetic environment of that target.
+
+    ``agents``: play only these of the weak agents and reward farmers (None: all); the oracle always plays, and the
+    checks that play no agent (schemas, reward range, determinism) always run. An unknown name raises ValueError.
 
     ``workers`` episodes are played at once, each worker on its own environment from ``make_env`` (worth it where an
     episode waits on subprocesses, as code_repair's pytest runs do); the results do not depend on it. ``on_check`` gets
@@ -237,20 +240,29 @@ def run_self_checks(
         scored = score("oracle", lambda env, seed: play(env, seed, oracle)[0])
         failed = [seed for seed, reward in zip(seeds, scored) if reward != 1.0]
         add(CheckResult("oracle scores 1.0", not failed, _failures(seeds, failed)))
-        for agent, policy in (("do-nothing", do_nothing), ("wrong-action", wrong_action)):
-            scored = score(agent, lambda env, seed, policy=policy: play(env, seed, policy)[0])
-            add(_weak_agent_check(f"{agent} agent scores < 1.0, mean <= {WEAK_MEAN}", seeds, scored, every_task=True))
-        # a random agent may luck into a one-bit task (a setting on or off): judged on its mean only
-        scored = score("random-action", lambda env, seed: play_random(env, seed)[0])
-        add(_weak_agent_check(f"random-action agent mean <= {WEAK_MEAN}", seeds, scored, every_task=False))
+        weak = [(agent, lambda env, seed, policy=policy: play(env, seed, policy)[0])
+                for agent, policy in (("do-nothing", do_nothing), ("wrong-action", wrong_action))]
         # the reward farmers of every environment, then the environment's own (each episode takes its policy from
         # the environment it plays on: a policy may keep state for its episode)
         farmers = [(farmer.name, lambda env, seed, farmer=farmer: play_adversary(env, seed, farmer)) for farmer in ADVERSARIES]
         farmers += [(name, lambda env, seed, name=name: play(env, seed, dict(env.adversaries())[name])[0])
                     for name, _ in env.adversaries()]
+        known = [name for name, _ in weak] + ["random-action"] + [name for name, _ in farmers]
+        unknown = sorted(set(agents or ()) - set(known))
+        if unknown:
+            raise ValueError(f"no self-check agent named {', '.join(unknown)}; this environment's agents: {', '.join(known)}")
+        wanted = set(known if agents is None else agents)
+        for agent, episode in weak:
+            if agent in wanted:
+                add(_weak_agent_check(f"{agent} agent scores < 1.0, mean <= {WEAK_MEAN}", seeds, score(agent, episode), every_task=True))
+        # a random agent may luck into a one-bit task (a setting on or off): judged on its mean only
+        if "random-action" in wanted:
+            scored = score("random-action", lambda env, seed: play_random(env, seed)[0])
+            add(_weak_agent_check(f"random-action agent mean <= {WEAK_MEAN}", seeds, scored, every_task=False))
         for name, episode in farmers:
-            add(_weak_agent_check(f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, score(name, episode),
-                                  every_task=True, at_most=FARMER_MEAN))
+            if name in wanted:
+                add(_weak_agent_check(f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, score(name, episode),
+                                      every_task=True, at_most=FARMER_MEAN))
         if target_tools is not None:
             broken = score("broken-step", lambda env, seed: play_broken_oracle(env, seed)[0])
             failed = [seed for seed, reward in zip(seeds, broken) if reward >= 1.0]

@@ -226,3 +226,20 @@ def test_workers_play_episodes_at_once_each_on_its_own_environment_with_the_same
     assert OneEpisodeAtATime.created == 2  # one worker plays on the checks' own environment: no third
     with pytest.raises(ValueError, match="workers must be >= 1"):
         run_self_checks(DeviceEnvironment, seeds, workers=0)
+
+
+def test_check_agents_plays_the_named_agents_and_the_oracle_and_refuses_unknown_names(tmp_path, capsys):
+    seeds = DeviceEnvironment().task_seeds("analysis")[:3]
+    played = []
+    results = run_self_checks(DeviceEnvironment, seeds, agents=["do-nothing", "spray"], on_episode=played.append)
+    assert sorted(set(played)) == ["do-nothing", "oracle", "spray"] and len(played) == 9
+    agent_checks = [r.name for r in results if " agent " in r.name or r.name.startswith("oracle")]
+    assert agent_checks == ["oracle scores 1.0", "do-nothing agent scores < 1.0, mean <= 0.5", "spray agent scores < 1.0, mean <= 0.05"]
+    assert {"rewards within [0, 1]", "same seed, same task"} <= {r.name for r in results} and all(r.passed for r in results)
+    with pytest.raises(ValueError, match="no self-check agent named nope; this environment's agents: do-nothing, wrong-action"):
+        run_self_checks(DeviceEnvironment, seeds, agents=["nope"])
+    from trace_ray.cli import main
+
+    assert main(["check-env", "env=device", "limit=1", "check_agents=[nope]"]) == 1
+    err = capsys.readouterr().err
+    assert "check_agents: no self-check agent named nope" in err and err.count("\n") == 1

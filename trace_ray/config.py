@@ -370,6 +370,7 @@ class TraceConfig:
     split: str = MISSING
     limit: Optional[int] = None
     check_workers: Optional[int] = None
+    check_agents: Optional[list[str]] = None  # check-env: only these weak agents and farmers (null: all; the oracle always)
     batch_size: int = MISSING
     seed: int = MISSING
     run_dir: str = MISSING

@@ -83,8 +83,11 @@ def run(config: TraceConfig) -> None:
         def on_episode(agent: str) -> None:
             progress.update(episodes, advance=1, description=f"{agent} agent, episodes played")
 
-        results = run_self_checks(make_env, seeds, target_tools=target_tools(config), workers=workers,
-                                  on_check=on_check, on_episode=on_episode)
+        try:
+            results = run_self_checks(make_env, seeds, target_tools=target_tools(config), workers=workers,
+                                      on_check=on_check, on_episode=on_episode, agents=config.check_agents)
+        except ValueError as exc:
+            raise TraceRayError(f"check_agents: {exc}; name some of them, or null for all") from None
     print_table(
         f"self-checks of env={config.env.name} ({len(seeds)} benchmark tasks)",
         ["check", "result", "detail"],

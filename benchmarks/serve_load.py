@@ -174,8 +174,8 @@ def time_to_first_token(url: str, request: dict, model: str) -> tuple[float, flo
 
 
 def outcome(client: httpx.Client, url: str, body: bytes, stream: bool) -> str:
-    """How one request ended: "200", "4xx", "cut" (a stream that ended with an error event) or "lost" (a 5xx, no answer,
-    a stream without its [DONE])."""
+    """How one request ended: "200", "4xx", "cut" (a stream ended by its replica's death after showing text) or "lost"
+    (a 5xx, no answer, a stream without its [DONE] or ended by another error, such as the timeout)."""
     headers = {"Content-Type": "application/json"}
     try:
         if not stream:
@@ -189,7 +189,8 @@ def outcome(client: httpx.Client, url: str, body: bytes, stream: bool) -> str:
         return "lost"
     if not events or events[-1] != "data: [DONE]":
         return "lost"
-    return "cut" if any(line.startswith('data: {"error"') for line in events) else "200"
+    errors = [json.loads(line[len("data: "):])["error"] for line in events if line.startswith('data: {"error"')]
+    return "200" if not errors else "cut" if errors[0]["code"] == "replica_died" else "lost"
 
 
 def fault_round(url: str, per_client: list, kill: bool) -> tuple[list, float, str | None]:

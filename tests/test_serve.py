@@ -69,7 +69,7 @@ def servers(ray_session, tmp_path_factory):
     write_run(run_dir)
     port = free_port()
     settings = [*TINY, f"run_dir={run_dir}", f"serve.port={port}", "serve.llm_threads=1", "serve.max_request_bytes=4096",
-                "model.max_context_tokens=1024", "serve.llm_replicas=1", "serve.llm_num_cpus=0.25"]
+                "model.max_context_tokens=1024", "serve.llm_num_cpus=0.25"]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         with pytest.MonkeyPatch.context() as patch:

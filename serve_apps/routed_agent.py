@@ -45,6 +45,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -383,7 +384,7 @@ class ChatIngress:
             model = self.base if adapter == BASE else f"{self.base}:{adapter}"
             headers = {ADAPTER_HEADER: adapter}
             if chat.stream:  # accepted (or refused with its status) once the first event came, before streaming begins
-                start = lambda: llm.options(stream=True).generate_stream.remote(chat, served)  # noqa: E731
+                start = partial(llm.options(stream=True).generate_stream.remote, chat, served)
                 events, _ = await self._sent(start, deaths, "generation", "generation_failed")
                 stream = self._stream(events, start, deaths, stream_head(model, adapter))
                 return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

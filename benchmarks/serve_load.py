@@ -13,16 +13,23 @@ as seeded) and, on loopback only:
             to the LLM deployments' handles with the same concurrency:
             p50/p95 of both and their ratio.
   (stream)  time to the first content chunk of a streamed text reply (no
-            tools offered) against the whole reply's latency, 8 x
-            ``--max-tokens`` tokens.
+            tools offered, sampled with a seed: greedy replies of a random
+            model are mostly whitespace, which a stream holds back) against
+            the whole reply's latency, 8 x ``--max-tokens`` tokens.
   (moe)     the MoE against a single adapter, one request at a time, 8 x
             ``--max-tokens`` tokens: p50 latency and tokens/s.
-  (fault)   the load again while the LLM replica is killed once: every request
-            ends within ``serve.request_timeout_s``; how many failed (5xx) while
-            the replica restarted, and that requests succeed after it.
+  (fault)   two rounds of ``--clients`` x ``--fault-requests`` requests, the
+            same in both, about ``--stream-share`` of the valid ones streamed
+            (8 x ``--max-tokens`` tokens, text, seeded): one undisturbed, one with an
+            LLM replica killed (``ray.kill``) 2 s in. Per round: valid
+            non-streamed requests answered and lost (5xx or no answer), streams
+            completed, cut (an error event after text) and lost, p50/p95, and
+            the longest request against ``serve.request_timeout_s``.
+
+The LLM replicas' resident memory is printed after the load round.
 
     python benchmarks/serve_load.py [--model tiny_random] [--clients 16] [--requests 50] [--bad-share 0.05]
-        [--max-tokens 8] [--run-dir DIR]
+        [--max-tokens 8] [--run-dir DIR] [--llm-replicas N] [--fault-requests 10] [--stream-share 0.25]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from serve_latency import device_requests, free_port, percentiles, write_demo_run
 from trace_ray.cli import compose_config
@@ -56,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bad-share", type=float, default=0.05, help="share of malformed or oversize requests")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--tasks", type=int, default=16, help="device tasks the requests cycle through")
+    parser.add_argument("--llm-replicas", type=int, default=None, help="serve.llm_replicas (default: conf/serve/default.yaml's)")
+    parser.add_argument("--fault-requests", type=int, default=10, help="requests per client in each fault round")
+    parser.add_argument("--stream-share", type=float, default=0.25, help="share of the fault rounds' valid requests that stream")
     return parser.parse_args(argv)
 
 
@@ -97,6 +108,18 @@ class Load:
 
     def per_client(self, clients: int) -> list[list[tuple[bool, bytes, str | None]]]:
         return [self.plan[index::clients] for index in range(clients)]
+
+    def fault_rounds(self, args) -> list[list[tuple[bool, bytes, bool]]]:
+        """Per client, the fault rounds' requests: (is valid, body, streamed), every ``1 / --stream-share``-th valid one
+        streamed as text of 8 x ``--max-tokens`` tokens."""
+        every = round(1 / args.stream_share) if args.stream_share > 0 else 0
+        work = []
+        for number, (valid, body, _) in enumerate(self.plan[: args.clients * args.fault_requests]):
+            stream = valid and every > 0 and number % every == 0
+            if stream:  # sampled (seeded): greedy replies of the random model are mostly whitespace, which a stream holds back
+                body = json.dumps({**json.loads(body), "stream": True, "tools": [], "max_tokens": args.max_tokens * 8, "temperature": 1.0}).encode()
+            work.append((valid, body, stream))
+        return [work[index::args.clients] for index in range(args.clients)]
 
 
 def through_ingress(url: str, work: list, results: list, stop: threading.Event | None = None) -> None:
@@ -150,6 +173,64 @@ def time_to_first_token(url: str, request: dict, model: str) -> tuple[float, flo
     return (first if first is not None else time.perf_counter() - start), time.perf_counter() - start, pieces
 
 
+def outcome(client: httpx.Client, url: str, body: bytes, stream: bool) -> str:
+    """How one request ended: "200", "4xx", "cut" (a stream ended by its replica's death after showing text) or "lost"
+    (a 5xx, no answer, a stream without its [DONE] or ended by another error, such as the timeout)."""
+    headers = {"Content-Type": "application/json"}
+    try:
+        if not stream:
+            status = client.post(f"{url}/v1/chat/completions", content=body, headers=headers).status_code
+            return "200" if status == 200 else "4xx" if 400 <= status < 500 else "lost"
+        with client.stream("POST", f"{url}/v1/chat/completions", content=body, headers=headers) as response:
+            if response.status_code != 200:
+                return "4xx" if 400 <= response.status_code < 500 else "lost"
+            events = [line for line in response.iter_lines() if line]
+    except httpx.HTTPError:
+        return "lost"
+    if not events or events[-1] != "data: [DONE]":
+        return "lost"
+    errors = [json.loads(line[len("data: "):])["error"] for line in events if line.startswith('data: {"error"')]
+    return "200" if not errors else "cut" if errors[0]["code"] == "replica_died" else "lost"
+
+
+def fault_round(url: str, per_client: list, kill: bool) -> tuple[list, float, str | None]:
+    """(valid, streamed, outcome, seconds) of every request of one fault round, its seconds, and the replica killed 2 s in."""
+    results, killed = [], []
+
+    def client_work(work: list) -> None:
+        with httpx.Client(timeout=TIMEOUT_S * 3) as client:
+            for valid, body, stream in work:
+                start = time.perf_counter()
+                ended = outcome(client, url, body, stream)
+                results.append((valid, stream, ended, time.perf_counter() - start))
+
+    killer = threading.Timer(2.0, lambda: killed.append(kill_llm_replica()))
+    if kill:
+        killer.start()
+    seconds = run_clients(len(per_client), client_work, per_client)
+    if kill:
+        killer.join()
+    return results, seconds, killed[0] if killed else None
+
+
+def fault_summary(results: list) -> tuple:
+    """(valid non-streamed: count, lost, p50, p95; streams: count, cut, lost, p50, p95; the longest request)."""
+    posted = [(ended, seconds) for valid, stream, ended, seconds in results if valid and not stream]
+    streamed = [(ended, seconds) for valid, stream, ended, seconds in results if stream]
+    posted_p = percentiles([seconds for _, seconds in posted])
+    streamed_p = percentiles([seconds for _, seconds in streamed]) if streamed else (0.0, 0.0)
+    return (len(posted), sum(ended == "lost" for ended, _ in posted), *posted_p,
+            len(streamed), sum(ended == "cut" for ended, _ in streamed), sum(ended == "lost" for ended, _ in streamed), *streamed_p,
+            max(seconds for *_, seconds in results))
+
+
+def replica_memory_mb(app: str) -> list[float]:
+    """Resident memory of each LLM replica of ``app`` (Ray titles a replica's process after its deployment)."""
+    title = f"ray::ServeReplica:{app}:ChatLLM"
+    return [process.memory_info().rss / 2**20 for process in psutil.process_iter(["cmdline"])
+            if (process.info["cmdline"] or [""])[0].split(".")[0] == title]
+
+
 def kill_llm_replica() -> str:
     import ray
 
@@ -174,9 +255,10 @@ def main(argv: list[str] | None = None) -> None:
             write_demo_run(run_dir, args.model)
             write_demo_moe(run_dir, args.model)
         port = free_port()
+        replicas = [f"serve.llm_replicas={args.llm_replicas}"] if args.llm_replicas else []
         config = compose_config("serve", [
             f"model={args.model}", f"run_dir={run_dir}", "router=moe", f"serve.port={port}", f"serve.request_timeout_s={TIMEOUT_S}",
-            "serve.max_request_bytes=65536", "serve.llm_num_cpus=0.5",
+            "serve.max_request_bytes=65536", *replicas,
         ])
         plan = serve_plan(config, run_dir)
         adapters = [adapter.name for adapter in plan.routable]
@@ -184,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
         load = Load(args, config.model.name, adapters, requests, config.serve.max_request_bytes)
         print(f"settings: model={config.model.name}, adapters {', '.join(adapters)} and the MoE, {args.clients} clients x "
               f"{args.requests} requests ({sum(not valid for valid, _, _ in load.plan)} bad), greedy, max_tokens={args.max_tokens}, "
-              f"{args.tasks} device tasks, {os.cpu_count()} cores", flush=True)
+              f"{args.tasks} device tasks, {os.cpu_count()} cores, {config.serve.llm_replicas} LLM and MoE replicas of "
+              f"{config.serve.llm_num_cpus} CPUs, serve.request_timeout_s={TIMEOUT_S}", flush=True)
         url = f"http://127.0.0.1:{port}"
         connect_ray(config)
         try:
@@ -196,10 +279,12 @@ def main(argv: list[str] | None = None) -> None:
             through_ingress(url, warm, [])
             results: list = []
             ingress_s = run_clients(args.clients, lambda work: through_ingress(url, work, results), load.per_client(args.clients))
+            memory = replica_memory_mb(APP)
             direct: list = []
             direct_s = run_clients(args.clients, lambda work: through_handles(config, handles, work, direct), load.per_client(args.clients))
-            streams = [time_to_first_token(url, {**request, "tools": [], "max_tokens": args.max_tokens * 8}, f"{config.model.name}:{adapters[0]}")
-                       for request in requests[:8]]  # no tools offered: the reply is text, streamed as it is sampled
+            streams = [time_to_first_token(url, {**request, "tools": [], "max_tokens": args.max_tokens * 8, "temperature": 1.0, "seed": seed},
+                                           f"{config.model.name}:{adapters[0]}")
+                       for seed, request in enumerate(requests[:8])]  # no tools offered, sampled: the reply is text, streamed as it is sampled
             single, mixed = [], []
             with httpx.Client(timeout=TIMEOUT_S * 3) as client:
                 for request in requests[:8]:
@@ -207,13 +292,7 @@ def main(argv: list[str] | None = None) -> None:
                         start = time.perf_counter()
                         body = client.post(f"{url}/v1/chat/completions", json={**request, "model": model, "max_tokens": args.max_tokens * 8}).json()
                         into.append((time.perf_counter() - start, body["usage"]["completion_tokens"]))
-            faulted: list = []
-            killer = threading.Timer(2.0, lambda: faulted.append(("killed", kill_llm_replica())))
-            killer.start()
-            fault_s = run_clients(args.clients, lambda work: through_ingress(url, work, faulted), load.per_client(args.clients))
-            killer.join()
-            after: list = []
-            through_ingress(url, warm, after)
+            rounds = {kill: fault_round(url, load.fault_rounds(args), kill) for kill in (False, True)}
         finally:
             serve.shutdown()
             ray.shutdown()
@@ -237,13 +316,17 @@ def main(argv: list[str] | None = None) -> None:
         p50 = percentiles([s for s, _ in rows])[0]
         print(f"{name}: p50 {p50 * 1000:.0f} ms, {sum(t for _, t in rows) / sum(s for s, _ in rows):.1f} tokens/s (one request at a time)")
     print(f"MoE / single adapter latency at p50: {percentiles([s for s, _ in mixed])[0] / percentiles([s for s, _ in single])[0]:.2f}")
-    killed = [entry for entry in faulted if entry[0] == "killed"]
-    done = [entry for entry in faulted if entry[0] != "killed"]
-    longest = max(seconds for _, _, seconds, _ in done)
-    fault_errors = sum((status >= 500 or status == 0) for ok, status, _, _ in done if ok)
-    print(f"fault: killed {killed[0][1] if killed else 'nothing'} 2 s into {fault_s:.1f} s of load; {len(done)} requests ended, the longest "
-          f"after {longest:.1f} s (timeout {TIMEOUT_S} s: {'none hung' if longest <= TIMEOUT_S + 5 else 'SOME HUNG'}); "
-          f"valid requests failed while it restarted: {fault_errors}; after: {sum(status == 200 for _, status, _, _ in after)}/{len(after)} answered 200")
+    print(f"LLM replicas' resident memory after the load: {', '.join(f'{mb:.0f} MB' for mb in memory)}")
+    rows = []
+    for kill, (outcomes, seconds, killed) in rounds.items():
+        posted, lost, p50, p95, streams, cut, streams_lost, s50, s95, longest = fault_summary(outcomes)
+        rows.append(("killed 2 s in" if kill else "undisturbed", f"{seconds:.1f}", f"{posted - lost}/{posted}", f"{lost}",
+                     f"{p50 * 1000:.0f} / {p95 * 1000:.0f}", f"{streams - cut - streams_lost}/{streams}", f"{cut}", f"{streams_lost}",
+                     f"{s50 * 1000:.0f} / {s95 * 1000:.0f}", f"{longest:.1f}"))
+        if kill:
+            print(f"fault: killed {killed or 'nothing'}")
+    print_table(f"fault rounds: {args.clients} clients x {args.fault_requests} requests (timeout {TIMEOUT_S} s)",
+                ["round", "s", "valid 200", "lost", "p50 / p95 ms", "streams done", "cut", "lost", "stream p50 / p95 ms", "longest s"], rows)
 
 
 if __name__ == "__main__":

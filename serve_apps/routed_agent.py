@@ -10,7 +10,12 @@
   send each piece of text as the engine samples it; stop strings end the
   generation. Over ``serve.max_concurrent_requests`` a request gets 429 with
   ``Retry-After``; a reply unfinished after ``serve.request_timeout_s`` gets
-  504 and its generation stops.
+  504 and its generation stops. A request whose LLM or router replica dies
+  is sent again (the Serve router picks a live replica, or waits for the
+  replacement) up to ``serve.replica_retries`` times within the timeout, as is
+  a stream that has shown no text yet; a stream cut after showing text ends
+  with an error event. Every replica being removed drains: it takes no new
+  request and finishes those it holds (up to ``serve.request_timeout_s``).
 - ``ConversationRouter``: the run's router (``build_router``). It routes a
   conversation by its first user turn, once: HTTP is stateless, so decisions
   are kept in an LRU cache keyed by a hash of the system messages and the
@@ -40,11 +45,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.handle import DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
 
 from serve_apps.openai_chat import (
@@ -68,7 +76,7 @@ from serve_apps.openai_chat import (
     server_sent_event,
     stream_head,
 )
-from trace_ray.config import TraceConfig
+from trace_ray.config import ServeConfig, TraceConfig
 from trace_ray.errors import TraceRayError
 
 APP_NAME = "routed_agent"
@@ -78,6 +86,9 @@ ADAPTER_VERSION = 1
 INGRESS_CPUS = 0.1  # the ingress only parses and forwards
 INGRESS_HEADROOM = 64  # requests the ingress takes beyond serve.max_concurrent_requests, each only to answer 429
 CONSTRUCTOR_RETRIES = 3  # a replica that cannot load its model fails fast instead of Serve's 20 tries
+RESEND_PAUSE_S = 0.1  # the pause before a request whose replica died is sent again, doubled at each death
+DRAIN_CHECK_S = 0.5  # how often a replica being removed checks whether its requests have finished
+HEALTH_CHECK_S = 2  # how often Serve checks each replica: a dead one is noticed (and replaced) within this (Serve: 10 s)
 
 api = FastAPI(title="trace-ray routed agent")
 
@@ -239,6 +250,25 @@ def failure(exc: Exception, what: str, code: str) -> RequestError:
     return RequestError(500, f"{what} failed ({first_line[:200]}); see the Serve logs and retry", code, "server_error")
 
 
+class ReplicaDeaths:
+    """The replicas that died while answering one request: after each, a short pause (doubled each time) before the
+    request is sent again, unless that would pass ``serve.replica_retries`` resends or the request's deadline."""
+
+    def __init__(self, limits: ServeConfig, deadline: float):
+        self.limits, self.deadline, self.count = limits, deadline, 0
+
+    async def pause_before_resending(self, exc: RayActorError, what: str) -> None:
+        pause = RESEND_PAUSE_S * 2 ** self.count
+        self.count += 1
+        if self.count > self.limits.replica_retries or time.monotonic() + pause >= self.deadline:
+            raise RequestError(
+                503, f"{what} failed: {self.count} replica(s) died while answering ({type(exc).__name__}); Serve replaces them: retry "
+                "in a few seconds, and run more replicas (serve.llm_replicas) or allow more resends (serve.replica_retries)",
+                "replica_unavailable", "server_error", {"Retry-After": str(self.limits.retry_after_s)},
+            )
+        await asyncio.sleep(pause)
+
+
 @serve.deployment
 @serve.ingress(api)
 class ChatIngress:
@@ -280,7 +310,7 @@ class ChatIngress:
                 raise too_large(len(body), limit, read_so_far=True)
         return bytes(body)
 
-    async def _route(self, messages: list[dict]) -> str:
+    async def _route(self, messages: list[dict], deaths: ReplicaDeaths) -> str:
         if self.moe is not None:
             return MOE
         if self.router is None or first_observation(messages) is None:
@@ -288,12 +318,33 @@ class ChatIngress:
         key = conversation_key(messages)
         choice = self.decisions.get(key)
         if choice is None:  # new to this replica: the router decides, or recalls another replica's decision
-            try:
-                decided = await self.router.route.remote(messages)
-            except Exception as exc:
-                raise failure(exc, "routing", "routing_failed") from None
+            _, decided = await self._sent(lambda: self.router.route.remote(messages), deaths, "routing", "routing_failed")
             choice = self.decisions.put(key, decided)
         return choice
+
+    async def _sent(self, send, deaths: ReplicaDeaths, what: str, code: str):
+        """``(call, answer)``: the deployment call ``send()`` makes and its result (a stream: its first event) by the
+        deadline; whenever the replica answering it dies, the call is made again and Serve routes it to a live replica."""
+        while True:
+            call = send()
+            try:
+                return call, await self._by_deadline(call, deaths.deadline, what, code)
+            except RayActorError as exc:
+                await deaths.pause_before_resending(exc, what)
+
+    async def _by_deadline(self, call, deadline: float, what: str, code: str):
+        """The result of ``call`` (a stream: its next event) by the deadline, a timeout cancelling it; a dead replica's error
+        is raised as it is, any other unexpected error as a 500."""
+        pending = call.__anext__() if isinstance(call, DeploymentResponseGenerator) else call
+        try:
+            return await asyncio.wait_for(pending, max(deadline - time.monotonic(), 0))
+        except asyncio.TimeoutError:
+            call.cancel()
+            raise self._timed_out() from None
+        except (RequestError, StopAsyncIteration, RayActorError):
+            raise
+        except Exception as exc:
+            raise failure(exc, what, code) from None
 
     def _admit(self) -> None:
         """Count the request in, or refuse it with 429 when this replica already answers its limit."""
@@ -323,30 +374,21 @@ class ChatIngress:
     async def chat_completions(self, request: Request):
         self._authorize(request)
         self._admit()
+        deaths = ReplicaDeaths(self.limits, time.monotonic() + self.limits.request_timeout_s)
         try:
             chat = parse_chat_request(await self._body(request), self.limits, self.sampling)
             adapter = resolve_model(chat.model, self.base, self.adapters, self.routed, moe=self.moe is not None)
             if adapter == AUTO:
-                adapter = await self._route(chat.messages)
+                adapter = await self._route(chat.messages, deaths)
             llm, served = (self.moe, None) if adapter == MOE else (self.llm, None if adapter == BASE else adapter)
             model = self.base if adapter == BASE else f"{self.base}:{adapter}"
             headers = {ADAPTER_HEADER: adapter}
-            deadline = time.monotonic() + self.limits.request_timeout_s
-            if chat.stream:
-                events = llm.options(stream=True).generate_stream.remote(chat, served)
-                await self._next(events, deadline)  # the request is accepted (or refused with its status) before streaming
-                stream = self._stream(events, deadline, stream_head(model, adapter))
+            if chat.stream:  # accepted (or refused with its status) once the first event came, before streaming begins
+                start = partial(llm.options(stream=True).generate_stream.remote, chat, served)
+                events, _ = await self._sent(start, deaths, "generation", "generation_failed")
+                stream = self._stream(events, start, deaths, stream_head(model, adapter))
                 return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-            response = llm.generate.remote(chat, served)
-            try:
-                result = await asyncio.wait_for(asyncio.ensure_future(response), deadline - time.monotonic())
-            except asyncio.TimeoutError:
-                response.cancel()
-                raise self._timed_out() from None
-            except RequestError:
-                raise
-            except Exception as exc:
-                raise failure(exc, "generation", "generation_failed") from None
+            _, result = await self._sent(lambda: llm.generate.remote(chat, served), deaths, "generation", "generation_failed")
         except BaseException:
             self.in_flight -= 1
             raise
@@ -354,25 +396,26 @@ class ChatIngress:
         completion = chat_completion(result["reply"], result["finish_reason"], model, adapter, result["prompt_tokens"], result["completion_tokens"])
         return JSONResponse(completion, headers=headers)
 
-    async def _next(self, events, deadline: float) -> dict:
-        """The stream's next event by the deadline (a timeout cancels the generation)."""
-        try:
-            return await asyncio.wait_for(events.__anext__(), max(deadline - time.monotonic(), 0))
-        except asyncio.TimeoutError:
-            events.cancel()
-            raise self._timed_out() from None
-        except (RequestError, StopAsyncIteration):
-            raise
-        except Exception as exc:
-            raise failure(exc, "generation", "generation_failed") from None
+    async def _stream(self, events, start, deaths: ReplicaDeaths, head: dict):
+        """The server-sent events of a streamed reply: each text piece as the engine writes it, then the rest and the finish.
 
-    async def _stream(self, events, deadline: float, head: dict):
-        """The server-sent events of a streamed reply: each text piece as the engine writes it, then the rest and the finish."""
+        A replica that dies before any text was shown is replaced by calling ``start()`` again (the client has seen
+        only the role, which every reply begins with); after that the stream ends with an error event."""
         try:
             yield server_sent_event(first_chunk(head))
+            shown = False
             while True:
-                event = await self._next(events, deadline)
+                try:
+                    event = await self._by_deadline(events, deaths.deadline, "generation", "generation_failed")
+                except RayActorError as exc:
+                    if shown:
+                        raise RequestError(502, f"the replica generating this reply died after part of it was sent ({type(exc).__name__}); "
+                                           "a reply cannot be resumed: send the request again", "replica_died", "server_error") from None
+                    await deaths.pause_before_resending(exc, "generation")
+                    events, _ = await self._sent(start, deaths, "generation", "generation_failed")
+                    continue
                 if "delta" in event:
+                    shown = True
                     yield server_sent_event(content_chunk(head, event["delta"]))
                     continue
                 final = event["final"]
@@ -413,11 +456,15 @@ def serve_plan(config: TraceConfig, run_dir: Path) -> ServePlan:
     return plan if plan.routable else dataclasses.replace(plan, router="none")
 
 
-def _replicas(settings, count: int) -> dict:
-    scaling = settings.autoscaling
+def _replicas(settings: ServeConfig, count: int, autoscaled: bool = True) -> dict:
+    """The replica count (or ``serve.autoscaling``) of a deployment, its health checks, and its drain: a replica being
+    removed (scale-down, redeploy) takes no new request and finishes those it holds, which end by ``serve.request_timeout_s``."""
+    scaling = settings.autoscaling if autoscaled else None
+    lifecycle = {"health_check_period_s": HEALTH_CHECK_S, "graceful_shutdown_timeout_s": settings.request_timeout_s,
+                 "graceful_shutdown_wait_loop_s": DRAIN_CHECK_S}
     if scaling is None:
-        return {"num_replicas": count}
-    return {"autoscaling_config": dataclasses.asdict(scaling)}
+        return {"num_replicas": count, **lifecycle}
+    return {"autoscaling_config": dataclasses.asdict(scaling), **lifecycle}
 
 
 def build_app(config: TraceConfig, run_dir: Path):
@@ -438,7 +485,7 @@ def build_app(config: TraceConfig, run_dir: Path):
         ).bind(config, plan.routable, moe=True)
     elif plan.router != "none":
         router = ConversationRouter.options(
-            num_replicas=settings.router_replicas, max_ongoing_requests=settings.max_ongoing_requests,
+            **_replicas(settings, settings.router_replicas, autoscaled=False), max_ongoing_requests=settings.max_ongoing_requests,
             ray_actor_options={"num_cpus": settings.router_num_cpus, "num_gpus": settings.router_num_gpus},
         ).bind(config, plan.routable)
     api_key = os.environ.get(settings.api_key_env, "").strip()

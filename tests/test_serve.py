@@ -1,13 +1,16 @@
 """The routed agent on Ray Serve over loopback HTTP: model names, adapters, routing, streaming, errors, API key, load.
 
-Four applications of ``serve_apps/routed_agent.py`` run on one Serve
+Five applications of ``serve_apps/routed_agent.py`` run on one Serve
 instance with the tiny random model and two trained-looking adapters
 (non-zero LoRA B) plus one adapter folder that no capability names: ``plain``
 (router=none, no API key), ``routed`` (router=logit over the two
 capabilities, API key set), ``moe`` (router=moe: the LoRA mixture of experts
-saved in the run) and ``limited`` (one request at a time, a 1 s timeout).
+saved in the run), ``limited`` (one request at a time, a 1 s timeout) and
+``replicated`` (two LLM replicas of one request each, whose processes the
+fault tests kill).
 """
 
+import asyncio
 import json
 import shutil
 import socket
@@ -17,14 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import yaml
+from ray.exceptions import ActorDiedError
 
 from tests.run_dirs import write_capability_run
 from serve_apps.openai_chat import (
     BASE, ReplyText, RequestError, chat_completion, closing_chunks, conversation_key, reply_message, resolve_model, stream_head,
 )
-from serve_apps.routed_agent import ADAPTER_HEADER, RouteCache, app_builder, build_app
+from serve_apps.routed_agent import ADAPTER_HEADER, ReplicaDeaths, RouteCache, app_builder, build_app
 from trace_ray.cli import compose_config, main
 
 CAPABILITIES = ["tool_calling_precision", "datetime_reasoning"]
@@ -74,6 +79,8 @@ def servers(ray_session, tmp_path_factory):
         apps = {
             "plain": ["router=none"], "moe": ["router=moe"],
             "limited": ["router=none", "serve.max_concurrent_requests=1", "serve.request_timeout_s=1", "serve.retry_after_s=2"],
+            "replicated": ["router=none", "serve.llm_replicas=2", "serve.max_ongoing_requests=1", "serve.request_timeout_s=60",
+                           "model.max_context_tokens=8192", "serve.max_request_bytes=65536"],
         }
         for name, overrides in apps.items():
             serve.run(build_app(compose_config("serve", [*settings, *overrides]), run_dir), name=name, route_prefix=f"/{name}", blocking=False)
@@ -321,6 +328,110 @@ def test_the_official_openai_client_chats_calls_tools_streams_and_reads_errors(s
         openai.OpenAI(base_url=f"{servers['routed']}/v1", api_key="nope", max_retries=0).models.list()
 
 
+# -- replicas that die ------------------------------------------------------------------------
+def llm_replicas(app: str) -> list[psutil.Process]:
+    """The processes of ``app``'s LLM replicas (Ray titles a replica's process after its deployment, then the method it runs)."""
+    title = f"ray::ServeReplica:{app}:ChatLLM"
+    return [process for process in psutil.process_iter(["cmdline"]) if (process.info["cmdline"] or [""])[0].split(".")[0] == title]
+
+
+def wait_for_replicas(app: str, count: int = 2) -> None:
+    """Until Serve runs ``count`` LLM replicas of ``app`` again (the controller replaces a killed one)."""
+    from ray import serve
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        states = serve.status().applications[app].deployments["ChatLLM"].replica_states
+        if states.get("RUNNING") == count and sum(states.values()) == count and len(llm_replicas(app)) == count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{app} did not get back to {count} LLM replicas in 60 s: {states}")
+
+
+def busiest_replica(app: str) -> psutil.Process:
+    """The LLM replica of ``app`` generating a reply: the one that used the most CPU in half a second, by far."""
+    processes = llm_replicas(app)
+    before = [sum(process.cpu_times()[:2]) for process in processes]
+    time.sleep(0.5)
+    used = sorted((sum(process.cpu_times()[:2]) - start, index) for index, (process, start) in enumerate(zip(processes, before)))
+    assert used[-1][0] > 0.1 and used[-1][0] > 3 * used[-2][0], f"no replica stands out as the busy one: {used}"
+    return processes[used[-1][1]]
+
+
+def sse(line: str) -> dict | str:
+    return line if line == "data: [DONE]" else json.loads(line[len("data: "):])
+
+
+def test_a_request_whose_replica_is_killed_is_answered_by_another_with_its_adapter(servers):
+    url, app = servers["replicated"], "replicated"
+    wait_for_replicas(app)
+    body = {"model": f"tiny_random:{CAPABILITIES[0]}", "messages": HELLO, "temperature": 0, "max_tokens": 600}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=60)
+        busiest_replica(app).kill()  # SIGKILL, mid-generation
+        answered = pending.result()
+    assert answered.status_code == 200, answered.text
+    expected = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()  # undisturbed
+    assert answered.json()["adapter"] == answered.headers[ADAPTER_HEADER] == CAPABILITIES[0]
+    assert answered.json()["choices"][0]["message"] == expected["choices"][0]["message"]  # the same adapter answered again
+
+
+def test_a_stream_cut_after_showing_text_ends_with_an_error_event_and_done(servers):
+    url, app = servers["replicated"], "replicated"
+    wait_for_replicas(app)
+    body = {"messages": HELLO, "temperature": 0, "max_tokens": 900, "stream": True}
+    start = time.monotonic()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = (line for line in response.iter_lines() if line)
+        for line in lines:
+            if sse(line)["choices"][0]["delta"].get("content"):
+                break
+        busiest_replica(app).kill()
+        rest = [sse(line) for line in lines]
+    assert time.monotonic() - start < 20  # ended soon after the kill, long before the 60 s timeout: no hang
+    assert rest[-1] == "data: [DONE]" and rest[-2]["error"]["code"] == "replica_died"
+    assert "send the request again" in rest[-2]["error"]["message"] and rest[-2]["error"]["type"] == "server_error"
+    assert all(event["choices"][0]["finish_reason"] is None for event in rest[:-2])  # text pieces, no false finish
+
+
+def test_a_stream_whose_replica_dies_before_showing_text_is_sent_again(servers):
+    """One replica holds a long reply (each takes one request), so the stream goes to the other; that one is killed as
+    soon as the client has the stream's first chunk (the role), while it still reads the long prompt."""
+    url, app = servers["replicated"], "replicated"
+    wait_for_replicas(app)
+    with ThreadPoolExecutor(1) as pool:
+        long_reply = {"messages": HELLO, "temperature": 0, "max_tokens": 400}
+        occupying = pool.submit(httpx.post, f"{url}/v1/chat/completions", json=long_reply, timeout=60)
+        busy = busiest_replica(app)
+        [free] = [process for process in llm_replicas(app) if process.pid != busy.pid]
+        body = {"model": f"tiny_random:{CAPABILITIES[1]}", "messages": [{"role": "user", "content": "bluetooth off " * 1500}],
+                "temperature": 0, "max_tokens": 64}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as response:
+            lines = (line for line in response.iter_lines() if line)
+            first = sse(next(lines))
+            free.kill()
+            events = [first, *(sse(line) for line in lines)]
+        assert occupying.result().status_code == 200
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[-1] == "data: [DONE]" and not any("error" in event for event in events[:-1])
+    assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert {event["adapter"] for event in events[:-1]} == {CAPABILITIES[1]}
+    expected = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    assert streamed_content(events[:-1]) == expected["choices"][0]["message"]["content"]
+
+
+def test_replicas_are_health_checked_often_and_drain_for_the_request_timeout_when_removed(servers):
+    from ray.serve.context import _get_global_client
+
+    details = _get_global_client().get_serve_details()["applications"]
+    for app, timeout in (("replicated", 60), ("plain", 120)):
+        for name, deployment in details[app]["deployments"].items():
+            config = deployment["deployment_config"]
+            assert config["graceful_shutdown_timeout_s"] == timeout and config["graceful_shutdown_wait_loop_s"] == 0.5, name
+            assert config["health_check_period_s"] == 2, name
+
+
 # -- without Serve ----------------------------------------------------------------------------
 def test_tool_calls_come_back_in_openai_format():
     parsed = {"role": "assistant", "content": None, "raw_text": "<tool_call>...</tool_call>", "tool_calls": [
@@ -359,6 +470,22 @@ def test_streamed_text_is_cut_at_stop_strings_and_never_shows_what_the_reply_may
     head = stream_head("m", "base")
     rest = closing_chunks(head, {"role": "assistant", "content": "Sure, done."}, "length", sent="Sure")
     assert [c["choices"][0]["delta"] for c in rest] == [{"content": ", done."}, {}] and rest[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_resends_after_replica_deaths_stop_at_the_limit_or_the_deadline():
+    async def deaths_until_refused(limits, seconds_left: float) -> tuple[int, RequestError]:
+        deaths = ReplicaDeaths(limits, time.monotonic() + seconds_left)
+        with pytest.raises(RequestError) as refused:
+            while True:
+                await deaths.pause_before_resending(ActorDiedError(), "generation")
+        return deaths.count, refused.value
+
+    limits = compose_config("serve", [*TINY, "serve.replica_retries=2", "serve.retry_after_s=3"]).serve
+    count, error = asyncio.run(deaths_until_refused(limits, 60))
+    assert count == 3 and error.status == 503 and error.code == "replica_unavailable" and error.headers == {"Retry-After": "3"}
+    assert "3 replica(s) died" in error.message and "serve.replica_retries" in error.message
+    count, _ = asyncio.run(deaths_until_refused(limits, 0.15))  # the second pause (0.2 s) would pass the deadline
+    assert count == 2
 
 
 def test_model_names_route_cache_and_conversation_keys():
@@ -413,6 +540,8 @@ def test_bad_serve_inputs_are_one_line_errors(tmp_path, capsys):
     assert "serve.default_max_tokens (16) exceeds serve.max_tokens_limit (8)" in capsys.readouterr().err
     assert main(["serve", *TINY, "serve.router_threads=0"]) == 1
     assert "serve.router_threads must be >= 1 or null, got 0" in capsys.readouterr().err
+    assert main(["serve", *TINY, "serve.replica_retries=-1"]) == 1
+    assert "serve.replica_retries must be >= 0" in capsys.readouterr().err
 
 
 def test_a_replica_that_fails_to_start_is_reported_in_one_line():

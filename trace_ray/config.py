@@ -348,6 +348,7 @@ class ServeConfig:
     max_concurrent_requests: int = MISSING  # requests one ingress replica answers at once; more get 429
     retry_after_s: int = MISSING  # the Retry-After of a 429
     request_timeout_s: float = MISSING  # a reply not finished by then gets 504 (a stream: an error event) and is stopped
+    replica_retries: int = MISSING  # times a request whose replica died is sent again (within request_timeout_s)
     max_request_bytes: int = MISSING
     max_tokens_limit: int = MISSING  # the most max_tokens a request may ask for
     default_max_tokens: int = MISSING
@@ -594,6 +595,7 @@ def _validate_serve(serve: ServeConfig) -> None:
                 "max_tokens_limit", "default_max_tokens", "route_cache_size", "max_concurrent_requests", "retry_after_s"):
         _require(getattr(serve, key) >= 1, f"serve.{key} must be >= 1, got {getattr(serve, key)}")
     _require(serve.request_timeout_s > 0, f"serve.request_timeout_s must be > 0 seconds, got {serve.request_timeout_s}")
+    _require(serve.replica_retries >= 0, f"serve.replica_retries must be >= 0 (0: a request whose replica dies fails), got {serve.replica_retries}")
     _require(serve.default_max_tokens <= serve.max_tokens_limit,
              f"serve.default_max_tokens ({serve.default_max_tokens}) exceeds serve.max_tokens_limit ({serve.max_tokens_limit}); lower it")
     for key in ("router_num_cpus", "router_num_gpus", "llm_num_cpus", "llm_num_gpus"):

@@ -196,3 +196,18 @@ def test_grpo_on_the_target_is_matched_to_the_rollouts_of_the_adapters_trace_rou
             (folder / "adapter_model.safetensors").write_bytes(b"weights")
     config = compose_config("pipeline", MINIMAL)  # a batch of 2 x 1 rollouts
     assert matched_budget(config, tmp_path) == {"grpo__iterations": 24, "grpo__max_rollouts": 48}
+
+
+def test_a_larger_eval_split_leaves_collection_up_to_date_and_makes_route_and_evaluate_stale(tmp_path):
+    from trace_ray.commands.pipeline import STAGES, fingerprint
+    from trace_ray.run_manifest import RunManifest
+
+    manifest = RunManifest(tmp_path, {"model": "tiny_random", "env": "device"})
+    base = compose_config("pipeline", [f"run_dir={tmp_path}", "model=tiny_random"])
+    larger = compose_config("pipeline", [f"run_dir={tmp_path}", "model=tiny_random", "env.eval_size=256"])
+    analysis = compose_config("pipeline", [f"run_dir={tmp_path}", "model=tiny_random", "env.analysis_size=128"])
+    changed = {stage.name for stage in STAGES if fingerprint(larger, stage, manifest) != fingerprint(base, stage, manifest)}
+    assert changed == {"route", "evaluate"}
+    collect = STAGES[0]
+    assert fingerprint(analysis, collect, manifest) != fingerprint(base, collect, manifest)  # a larger analysis split: collect again
+    assert "eval_size" not in collect.values(larger)["env"] and collect.values(larger)["env"]["analysis_size"] is None

@@ -30,7 +30,7 @@ from typing import Callable
 
 from trace_ray.artifacts import atomic_path
 from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
-from trace_ray.config import EnvConfig, SynthesisConfig, TraceConfig
+from trace_ray.config import SynthesisConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.errors import TraceRayError
 from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
@@ -86,20 +86,27 @@ class Stage:
     keys: tuple[str, ...]  # config keys its result depends on (besides everything upstream)
     configure: Callable[[TraceConfig, Path], TraceConfig]
     outputs: Callable[[TraceConfig, Path], list[str]]  # what it writes, relative to the run directory
+    ignored: tuple[str, ...] = ()  # keys inside ``keys`` its result does not depend on
+
+    def values(self, config: TraceConfig) -> dict:
+        """The config values of ``keys``, less ``ignored``."""
+        values = config_values(config, list(self.keys))
+        for key in self.ignored:
+            section, _, name = key.rpartition(".")
+            values.get(section, {}).pop(name, None)
+        return values
 
 
 # accept_out_of_band decides what train trains, not what synthesis builds: a key of the train stage only
 SYNTHESIS_KEYS = tuple(f"synthesis.{f.name}" for f in dataclasses.fields(SynthesisConfig))  # all: they decide which are trainable
 
-# collection plays the analysis split: a larger eval split leaves it (and what follows from it) up to date
-COLLECT_ENV_KEYS = tuple(f"env.{field.name}" for field in dataclasses.fields(EnvConfig) if field.name != "eval_size")
-
 STAGES = [
     Stage(
         "collect", "collect",
-        ("model.name", "model.sampling", *COLLECT_ENV_KEYS, "samples_per_task", "temperature", "top_p", "seed", "rollout.max_episode_tokens", "pipeline.collect_limit"),
+        ("model.name", "model.sampling", "env", "samples_per_task", "temperature", "top_p", "seed", "rollout.max_episode_tokens", "pipeline.collect_limit"),
         lambda c, d: _replace(c, split="analysis", limit=c.pipeline.collect_limit),
         lambda c, d: ["trajectories"],
+        ignored=("env.eval_size",),  # collection plays the analysis split: a larger eval split leaves it up to date
     ),
     Stage(
         "identify", "identify", ("labeler", "selection"),
@@ -150,7 +157,7 @@ def selected_stages(config: TraceConfig) -> list[Stage]:
 def fingerprint(config: TraceConfig, stage: Stage, manifest: RunManifest) -> str:
     index = STAGE_NAMES.index(stage.name)
     upstream = manifest.entry(STAGE_NAMES[index - 1]) if index else {}
-    return digest([config_values(config, list(stage.keys)), upstream.get("fingerprint"), upstream.get("outputs")])
+    return digest([stage.values(config), upstream.get("fingerprint"), upstream.get("outputs")])
 
 
 def reuse(stage: Stage, stage_fingerprint: str, sources: list[Path], run_dir: Path, config: TraceConfig) -> dict | None:
@@ -202,7 +209,7 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
         resumed = manifest.entry(stage.name).get("status") == "running"
         console.rule(f"{stage.name}{' (resuming an interrupted run)' if resumed else ''}")
         stage_config = stage.configure(config, run_dir)
-        manifest.start(stage.name, stage_fingerprint, config_values(stage_config, list(stage.keys)))
+        manifest.start(stage.name, stage_fingerprint, stage.values(stage_config))
         try:
             importlib.import_module(f"trace_ray.commands.{stage.command}").run(stage_config)
         except TraceRayError as exc:

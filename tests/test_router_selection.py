@@ -156,5 +156,5 @@ def test_a_selection_file_round_trips_and_a_missing_or_foreign_one_is_a_one_line
     (tmp_path / "selection.json").write_text("{not json")
     with pytest.raises(TraceRayError, match="is not a router selection file"):
         load_selection(tmp_path, "tiny_random", NAMES)
-    with pytest.raises(TraceRayError, match="selection.json is missing"):
+    with pytest.raises(TraceRayError, match="selection.json, which is missing; run trace-ray route"):
         load_selection(tmp_path / "nowhere", "tiny_random", NAMES)

@@ -11,7 +11,6 @@ router's scores, the gate's pooled hidden states, or the request's keywords.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from trace_ray.artifacts import write_json
 from trace_ray.errors import TraceRayError
 from trace_ray.routing.learned_gate import load_gate, pooled_features, save_gate
 from trace_ray.routing.logit_router import LogitRouter, RouteDecision
+from trace_ray.routing.offsets import read_route_file
 from trace_ray.routing.selection import TaskFeatures, keyword_features, needs, rule_from_state, rule_state
 
 SELECTION_FILE = "selection.json"  # in run_dir/router
@@ -57,14 +57,13 @@ def load_selection(folder: Path, model_name: str, names: list[str]) -> dict:
     """The selection ``trace-ray route`` saved for these options and this base model; a one-line error otherwise."""
     path = Path(folder) / SELECTION_FILE
     fix = f"run trace-ray route run_dir={Path(folder).parent} (it chooses the router), or pick one with router=logit|learned"
-    if not path.is_file():
-        raise TraceRayError(f"router=auto serves the router trace-ray route chose, but {path} is missing; {fix}")
-    try:
-        saved = json.loads(path.read_text())
-        model, options, state = saved["model"], saved["options"], saved["rule"]
-        state["kind"], saved["chosen"], saved["fallback"], saved["vocabulary"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise TraceRayError(f"{path} is not a router selection file ({exc}); {fix}") from None
+
+    def parse(saved: dict) -> dict:
+        saved["model"], saved["options"], saved["rule"]["kind"], saved["chosen"], saved["fallback"], saved["vocabulary"]  # what serving reads
+        return saved
+
+    saved = read_route_file(path, "router=auto serves the router trace-ray route chose in", "a router selection file", fix, parse)
+    model, options = saved["model"], saved["options"]
     if model != model_name or sorted(options) != sorted(names):
         raise TraceRayError(f"{path} chose a router for model {model} over {sorted(options)}, not {model_name} over {sorted(names)}; {fix}")
     return saved

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from trace_ray.artifacts import write_json
 from trace_ray.errors import TraceRayError
 from trace_ray.routing.logit_router import BASE, RouteDecision, decide
 
-__all__ = ["OFFSETS_FILE", "fit_offsets", "load_offsets", "offset_decisions", "save_offsets"]
+__all__ = ["OFFSETS_FILE", "fit_offsets", "load_offsets", "offset_decisions", "read_route_file", "save_offsets"]
 
 OFFSETS_FILE = "logit_offsets.json"  # in run_dir/router
 MAX_PASSES = 8  # coordinate-ascent sweeps over the options (each sweep never lowers the objective)
@@ -90,6 +91,17 @@ def fit_offsets(scores: list[dict[str, float]], rewards: list[dict[str, float]],
     return offsets
 
 
+def read_route_file(path: Path, needed_by: str, kind: str, fix: str, parse: Callable[[dict], dict]) -> dict:
+    """``parse`` of the JSON file ``path`` that ``trace-ray route`` wrote; a one-line error (``needed_by`` it, with ``fix``)
+    when it is missing, and naming ``kind`` when it does not parse."""
+    if not path.is_file():
+        raise TraceRayError(f"{needed_by} {path}, which is missing; {fix}")
+    try:
+        return parse(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TraceRayError(f"{path} is not {kind} ({exc}); {fix}") from None
+
+
 def save_offsets(folder: Path, offsets: dict[str, float], model_name: str, **facts) -> None:
     write_json(Path(folder) / OFFSETS_FILE, {"model": model_name, "options": list(offsets), "offsets": offsets, **facts})
 
@@ -98,14 +110,9 @@ def load_offsets(folder: Path, model_name: str, names: list[str]) -> dict[str, f
     """The offsets ``trace-ray route`` fitted for these options and this base model; a one-line error otherwise."""
     path = Path(folder) / OFFSETS_FILE
     fix = f"run trace-ray route run_dir={Path(folder).parent} (it fits them), or set router.calibration=content_free"
-    if not path.is_file():
-        raise TraceRayError(f"router.calibration=fitted needs the logit router's offsets in {path}, which is missing; {fix}")
-    try:
-        saved = json.loads(path.read_text())
-        offsets = {name: float(value) for name, value in saved["offsets"].items()}
-        model = saved["model"]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise TraceRayError(f"{path} is not a logit router offsets file ({exc}); {fix}") from None
+    saved = read_route_file(path, "router.calibration=fitted needs the logit router's offsets in", "a logit router offsets file", fix,
+                            lambda saved: {"model": saved["model"], "offsets": {k: float(v) for k, v in saved["offsets"].items()}})
+    offsets, model = saved["offsets"], saved["model"]
     if model != model_name or sorted(offsets) != sorted(names):
         raise TraceRayError(f"{path} was fitted for model {model} over {sorted(offsets)}, not {model_name} over {sorted(names)}; {fix}")
     return {name: offsets[name] for name in names}

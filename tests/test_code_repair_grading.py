@@ -1,8 +1,11 @@
 """Grades that the code under test cannot forge: the static check of edits, canaries, the witness, out-of-process values,
 and the tamper agents that try each (they pass a grader that trusts pytest's report, and score 0 here)."""
 
+import json
 import random
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -10,13 +13,14 @@ from environments.code_repair.adversaries import TAMPER_NAMES, adversary
 from environments.code_repair.canaries import Canary, canary_problems, plant
 from environments.code_repair.edit_check import edit_problems
 from environments.code_repair.environment import CodeRepairEnvironment
-from environments.code_repair.forgeries import PAYLOADS
+from environments.code_repair.forgeries import payload
 from environments.code_repair.grading import grade_calls
 from environments.code_repair.sources import PackageSource
 from environments.code_repair.synthetic import CodeRepairTemplateEnvironment
 from environments.code_repair import synthetic_templates as templates
 from environments.code_repair.synthetic_templates import hidden_calls, make_task, outcomes
 from environments.code_repair.tasks import build_tasks, run_tests
+from environments.code_repair.test_runner import RecordChannel
 from environments.self_checks import oracle, play
 from tests.test_code_repair_tasks import SHAPES, TESTS, shapes  # noqa: F401  (the package fixture)
 
@@ -40,6 +44,15 @@ ORIGINAL = "import re\n\n\ndef first_word(text, limit=3):\n    words = re.findal
     ("class Same:\n    def __eq__(self, other):\n        return True\n", ["__eq__"]),
     ("def f():\n    try:\n        1 / 0\n    except Exception as e:\n        return e.__traceback__.tb_frame.f_back.f_globals\n",
      ["__traceback__", "f_back", "f_globals", "tb_frame"]),
+    ("import threading\nthreading.Thread(target=print).start()\n", ["threading", "Thread"]),
+    ("class Later:\n    def __del__(self):\n        pass\n", ["__del__"]),
+    ("import os as o\nfrom os import pread\no.ftruncate(3, 0)\n", ["os.pread", "os.ftruncate"]),
+    ("x = open('/pr' 'oc/self/mem', 'rb')\n", ["/proc"]),
+    ("g = getattr\nx = g(re, 'compile')\n", ["getattr with a computed name"]),
+    ("import operator\nx = operator.attrgetter('_get' + 'frame')\n", ["attrgetter"]),
+    ("x = object.__getattribute__(re, 'sub')\n", ["__getattribute__"]),
+    ("import traceback\nx = '{0.f_locals}'.format(next(traceback.walk_stack(None))[0])\n", ["walk_stack", "f_locals"]),
+    ("import _frozen_importlib as b\nx = b._gcd_import('g' + 'c')\n", ["_frozen_importlib", "_gcd_import"]),
 ])
 def test_an_edit_that_reaches_the_grading_machinery_is_named(added, names):
     problems = edit_problems(ORIGINAL, ORIGINAL + added)
@@ -52,6 +65,7 @@ def test_an_edit_that_reaches_the_grading_machinery_is_named(added, names):
     ORIGINAL.replace("if words else ''", "if len(words) > 0 else ''"),
     ORIGINAL + "\n\ndef second_word(text):\n    words = re.findall(r'\\w+', text)\n    return words[1] if len(words) > 1 else ''\n",
     ORIGINAL.replace("def first_word(", "def first_word(  # unparsable now\n"),  # its tests fail on their own
+    ORIGINAL.replace("return words", "import os\n    name = os.path.join('{0}', 'x').format(text)\n    return words"),
 ])
 def test_an_ordinary_edit_is_not_refused(edited):
     assert edit_problems(ORIGINAL, edited) == []
@@ -134,6 +148,17 @@ class Cases(unittest.TestCase):
 
 
 @pytest.mark.integration  # runs in the sandbox
+def test_the_record_channel_can_only_be_appended_to_and_a_record_longer_than_a_pipe_arrives_whole():
+    channel = RecordChannel()
+    line = (json.dumps({"nonce": channel.nonce, "test": "t" * 1000, "outcome": "passed"}) + "\n").encode()
+    writer = (f"import os\nfor _ in range(300):\n    os.write({channel.fd}, {line!r})\n"  # 300 kB: more than a pipe holds
+              f"for reread in (lambda: os.pread({channel.fd}, 10, 0), lambda: os.ftruncate({channel.fd}, 0)):\n"
+              "    try:\n        reread()\n        print('rewritable')\n    except OSError:\n        print('append-only')\n")
+    run = subprocess.run([sys.executable, "-c", writer], pass_fds=(channel.fd,), capture_output=True, text=True, timeout=60)
+    records, foreign = channel.close()
+    assert run.stdout.split() == ["append-only", "append-only"] and len(records) == 300 and foreign == 0
+
+
 def test_the_witness_records_what_each_test_really_did_unittest_cases_included(tmp_path):
     (tmp_path / "test_cases.py").write_text(UNITTEST_CASES)
     run = run_tests(tmp_path, ["test_cases.py"], sandboxed=True)
@@ -170,7 +195,7 @@ def test_template_values_are_compared_outside_and_hidden_calls_catch_a_table_of_
 def test_each_forgery_fools_a_grader_that_trusts_pytests_report(tmp_path, name):
     task = make_task("edit_precision", 2, 700_000)
     (tmp_path / "tests").mkdir()
-    (tmp_path / task.module.file).write_text(task.buggy + "\n\n" + PAYLOADS[name])
+    (tmp_path / task.module.file).write_text(task.buggy + "\n\n" + payload(name, [*task.fail_to_pass, *task.pass_to_pass]))
     (tmp_path / task.module.test_file).write_text(task.tests)
     run = run_tests(tmp_path, [task.module.test_file], ["-o", "pythonpath=."])  # unsandboxed, no witness: the old grader
     assert set(task.fail_to_pass) <= run.passed and set(task.pass_to_pass) <= run.passed, name

@@ -13,7 +13,9 @@ tool, then submits:
 - the tamper agents (``TAMPER_NAMES``): every source module gets one of the
   payloads of ``forgeries.py`` appended, code that forges the verdict from
   inside the test process (a pytest plugin, patched pytest internals, values
-  equal to anything, fake test modules, forged output and an early exit).
+  equal to anything, fake test modules, forged output and an early exit,
+  the grader's own record of the run rewritten by a thread that outlives the
+  tests).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from environments.code_repair.environment import tool_call
-from environments.code_repair.forgeries import PAYLOADS
+from environments.code_repair.forgeries import PAYLOADS, payload
 from environments.code_repair.mutations import syntax_tree
 from environments.protocol import Message
 
@@ -38,6 +40,32 @@ def _test_files(env) -> list[Path]:
         path = env.workdir / test
         files += sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.is_file() else []
     return files
+
+
+def _visible_test_ids(env) -> list[str]:
+    """The ids of the tests in the visible test files (``file::test``, ``file::Class::test``, methods a class inherits
+    from classes of these files included), as an agent reads them."""
+    trees = {}
+    for path in _test_files(env):
+        try:
+            trees[path.relative_to(env.workdir).as_posix()] = syntax_tree(path.read_text(encoding="utf-8"))
+        except SyntaxError:
+            continue
+    classes = {node.name: node for tree in trees.values() for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def tests_of(cls: ast.ClassDef, seen: frozenset = frozenset()) -> set[str]:
+        own = {item.name for item in cls.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test")}
+        bases = [classes[base.id] for base in cls.bases if isinstance(base, ast.Name) and base.id in classes and base.id not in seen]
+        return own.union(*(tests_of(base, seen | {cls.name}) for base in bases))
+
+    ids = []
+    for file, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                ids.append(f"{file}::{node.name}")
+            elif isinstance(node, ast.ClassDef):  # Test* classes and unittest cases of any name
+                ids += [f"{file}::{node.name}::{test}" for test in sorted(tests_of(node))]
+    return ids
 
 
 def _source_files(env) -> list[Path]:
@@ -74,7 +102,8 @@ def _edits(env, name: str) -> list[tuple[Path, str]]:
         return [(path, "import os\nos._exit(0)\n" + path.read_text(encoding="utf-8")) for path in sources]
     if name in PAYLOADS:  # every source file that has content forges the verdict from inside the test process
         sources = [path for path in _source_files(env) if path.read_text(encoding="utf-8").strip()]
-        return [(path, path.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + PAYLOADS[name]) for path in sources]
+        forgery = payload(name, _visible_test_ids(env))
+        return [(path, path.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + forgery) for path in sources]
     raise ValueError(f"unknown code-repair adversary {name!r}")
 
 

@@ -3,15 +3,17 @@
 ``pytest_command(root, paths, extra_args, record_fd)`` is the command line
 and working directory of one test run. Sandboxed (every run on an agent's
 edits, ``record_fd`` given), it runs ``sandbox_runner.py``: pytest watched
-by a witness that writes each test's outcome to ``record_fd``, a file this
-process opened (:class:`RecordChannel`). ``sandbox_command`` runs the same
+by a witness that writes each test's outcome to ``record_fd``, the write
+end of a pipe this process reads (:class:`RecordChannel`). ``sandbox_command`` runs the same
 script in its other mode (a generated module's calls). The sandbox is
 bubblewrap, as for generated environments
 (``environments/synthetic/sandbox.py``): its own user, PID, IPC, UTS and
 network namespaces, killed with its parent, the system and the Python
 environment read-only, the working copy bound at ``/repo`` as the only
-writable place besides a tmpfs ``/tmp``, and limits on CPU time, address
-space, processes, open files and written file size set before pytest starts.
+writable place besides a tmpfs ``/tmp``, no ``/proc`` (the process cannot
+read its own memory, where the witness keeps the run's nonce), and limits on
+CPU time, address space, processes, open files and written file size set
+before pytest starts.
 Unsandboxed runs are for code nobody edited: building the tasks from the
 packages' own sources at install time.
 """
@@ -22,7 +24,7 @@ import json
 import os
 import secrets
 import sys
-import tempfile
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -31,6 +33,7 @@ from trace_ray.errors import TraceRayError
 
 REPO = "/repo"  # the working copy inside the sandbox
 RUNNER = "/sandbox/runner.py"  # sandbox_runner.py inside the sandbox, read-only
+DRAIN_S = 10  # how long the records may still arrive after the run (a process of the sandbox still holding the pipe)
 LIMITS = {"cpu_s": 120, "memory_mb": 2048, "processes": 64, "open_files": 256, "file_mb": 64}
 
 
@@ -51,7 +54,7 @@ def sandbox_command(root: Path, record_fd: int, runner_args: Sequence[str]) -> l
         "bwrap", *NAMESPACES, "--uid", NOBODY, "--gid", NOBODY, "--hostname", "sandbox",
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         *system_binds(), *binds, "--ro-bind", str(Path(__file__).with_name("sandbox_runner.py")), RUNNER,
-        "--bind", str(root), REPO, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--chdir", REPO,
+        "--bind", str(root), REPO, "--tmpfs", "/tmp", "--dev", "/dev", "--remount-ro", "/", "--chdir", REPO,
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
         "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "PYTHONIOENCODING", "utf-8",
         sys.executable, RUNNER, json.dumps(LIMITS), str(record_fd), *runner_args,  # the venv's own interpreter: it has pytest
@@ -68,19 +71,33 @@ def pytest_command(root: Path, paths: Sequence[str], extra_args: Sequence[str] =
 
 
 class RecordChannel:
-    """The file where the sandbox runner writes its records, opened here, outside the sandbox, and the run's nonce
-    (the runner reads it from its stdin before any code under test is imported)."""
+    """A pipe for the sandbox runner's records, and the run's nonce (the runner reads it from its stdin before any code
+    under test is imported).
+
+    The runner inherits only the write end (``fd``): code under test can add lines, never read back, rewrite or
+    remove the witness's (a file it could reread would hand it the nonce and let it forge the record in place).
+    This process drains the read end in a thread, so a long record never blocks the runner.
+    """
 
     def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile()
-        self.fd = self.file.fileno()
+        self._read_end, self.fd = os.pipe()
         self.nonce = secrets.token_hex(16)
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._drain, name="record-channel", daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        while chunk := os.read(self._read_end, 1 << 16):
+            self._chunks.append(chunk)
 
     def close(self) -> tuple[list[dict], int]:
-        """(the records that carry the nonce, how many lines do not); the file is gone after."""
-        self.file.seek(0)
-        lines = self.file.read().decode("utf-8", errors="replace").splitlines()
-        self.file.close()
+        """(the records that carry the nonce, how many lines do not), once the run is over: what arrived within
+        :data:`DRAIN_S` of closing this process's write end."""
+        os.close(self.fd)
+        self._reader.join(DRAIN_S)  # every write end is closed once the sandbox is gone: EOF
+        if not self._reader.is_alive():
+            os.close(self._read_end)
+        lines = b"".join(self._chunks).decode("utf-8", errors="replace").splitlines()
         records, foreign = [], 0
         for line in lines:
             try:

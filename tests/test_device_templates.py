@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import pytest
 
 from environments.device.draft import Draft
 from environments.device.environment import DeviceEnvironment
 from environments.device.synthetic import DeviceTemplateEnvironment, device_template
-from environments.device.synthetic_templates import DIFFICULTIES, TEMPLATES
+from environments.device.phone_numbers import national_digits
+from environments.device.synthetic_templates import DIFFICULTIES, LEVEL_0_CAPABILITIES, TEMPLATES
 from environments.self_checks import do_nothing, oracle, play, play_broken_oracle, run_self_checks, wrong_action
 from environments.device.capability_evidence import DETECTORS
 from trace_ray.capabilities.rules import CATALOGUE
@@ -78,6 +81,22 @@ def test_milestone_weights_give_partial_credit(capability):
         for seed in _seeds(capability, difficulty, 4):
             rewards |= {play(env, seed, _half_oracle)[0], play_broken_oracle(env, seed)[0]}
     assert any(0.0 < reward < 1.0 for reward in rewards), rewards
+
+
+@pytest.mark.parametrize("capability", LEVEL_0_CAPABILITIES)
+def test_level_0_half_the_time_needs_a_number_only_the_contact_search_gives(capability):
+    env = DeviceTemplateEnvironment(capability, 0)
+    dependent = 0
+    for seed in _seeds(capability, 0, 16):
+        scenario = env.make_scenario(seed)
+        calls = [call["function"]["name"] for message in scenario.oracle for call in message.get("tool_calls") or []]
+        if "search_contacts" not in calls:
+            continue
+        dependent += 1
+        used = re.sub(r"\D", "", json.dumps(scenario.oracle))  # the send's number or the reply's
+        wanted = [national_digits(contact.phone_number) for contact in scenario.state.contacts if national_digits(contact.phone_number) in used]
+        assert wanted and not any(number in re.sub(r"\D", "", scenario.request) for number in wanted), scenario.request
+    assert 4 <= dependent <= 12, dependent
 
 
 def test_the_synthetic_environment_has_the_device_tools():

@@ -248,13 +248,20 @@ def _tool_calling_precision(draft: Draft, difficulty: int) -> str:
     """Requests whose success depends on exact argument values.
 
     0: one setting to an exact on/off value (a single call: a level small
-    models can reach). 1: save a new contact (name, typed number, relationship). 2: the same and one
+    models can reach), or, half the time, text a contact (the number the
+    contact search returns is the send's argument: a dependent step, as in the
+    target's message and compound requests). 1: save a new contact (name, typed number, relationship). 2: the same and one
     setting. 3: change a number, save a contact, one setting. 4: those and two
     settings, with a look-alike contact (same first name) whose number must not
     change. 5: three settings, a look-alike for both contacts, and numbers typed
     with dots or a country code. Marked: every state-changing call.
     """
     _check(difficulty, WITH_LEVEL_0)
+    if difficulty == 0 and draft.rng.random() < 0.5:
+        request, reply = text_contact(draft, draft.add_contact(_unused_close_relationships(draft, 1)[0]))
+        draft.mark_capability_step()  # the send: broken, it texts a wrong number
+        draft.say(reply)
+        return sentence(request)
     actions = [_new_number(draft, difficulty)] if difficulty >= 3 else []
     if difficulty >= 1:
         actions.append(_new_contact(draft, difficulty))
@@ -280,9 +287,15 @@ _MULTI_PARTS: dict[str, Callable[[Draft], tuple[str, str]]] = {
 }
 
 
+def _tell_phone_number(draft: Draft) -> tuple[str, str]:
+    reference, reply = _phone_number_lookup(draft)
+    return f"tell me {reference}'s phone number", reply
+
+
 def _multi_step_task_completion(draft: Draft, difficulty: int) -> str:
     """A compound request of independent actions: ``difficulty + 1`` parts (2 to 6), up to two of them settings;
-    at 0 two settings (one call each: a level small models can reach).
+    at 0 two settings (one call each: a level small models can reach) or, half the time, a contact's number looked
+    up and told, then a setting (the target's lookup and compound requests need both kinds of step).
 
     Each part has its own milestones, so stopping early earns partial credit.
     Marked: the last action of the last part (from 4: of the last two parts), as
@@ -290,7 +303,10 @@ def _multi_step_task_completion(draft: Draft, difficulty: int) -> str:
     """
     _check(difficulty, WITH_LEVEL_0)
     rng = draft.rng
-    kinds = ["setting", "setting"] if difficulty == 0 else rng.sample([*sorted(_MULTI_PARTS), "setting", "setting"], difficulty + 1)
+    if difficulty == 0:
+        kinds = ["setting", "setting"] if rng.random() < 0.5 else ["tell_number", "setting"]
+    else:
+        kinds = rng.sample([*sorted(_MULTI_PARTS), "setting", "setting"], difficulty + 1)
     settings = iter(_distinct_settings(draft, kinds.count("setting")))
     plan = [("setting", next(settings)) if kind == "setting" else (kind, None) for kind in kinds]
     if ("setting", ("low_battery_mode", True)) in plan and ("setting", ("wifi", True)) in plan:
@@ -300,7 +316,10 @@ def _multi_step_task_completion(draft: Draft, difficulty: int) -> str:
     marked = 2 if difficulty >= 4 else 1
     requests, replies = [], []
     for index, (kind, setting) in enumerate(plan):
-        request, reply = set_setting(draft, *setting) if kind == "setting" else _MULTI_PARTS[kind](draft)
+        if kind == "setting":
+            request, reply = set_setting(draft, *setting)
+        else:
+            request, reply = _tell_phone_number(draft) if kind == "tell_number" else _MULTI_PARTS[kind](draft)
         if index >= len(plan) - marked:  # every part ends with its state change; breaking it = stopping before it
             draft.mark_capability_step(instead=call_message("get_current_timestamp", "call_stopped"))
         requests.append(request)
@@ -519,13 +538,19 @@ def _reminder_by_order(draft: Draft, difficulty: int) -> str:
 
 
 # -- 7. information_reporting ----------------------------------------------------------------------
-def _report_phone_number(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
+def _phone_number_lookup(draft: Draft) -> tuple[str, str]:
+    """(how the request names a new contact, the reply telling their number): a lookup whose result the reply must tell."""
     contact = draft.add_contact(_unused_close_relationships(draft, 1)[0])
     reference, search = contact_reference(draft, contact)
     draft.milestone(f"looked up {contact.name}", LookedUp("search_contacts", search))
     draft.milestone(f"reported {contact.name}'s phone number", Reported((PhoneFact(contact.phone_number),)), 2)
     draft.call("search_contacts", **search)
-    return f"What's {reference}'s phone number?", f"{contact.name}'s number is {contact.phone_number}."
+    return reference, f"{contact.name}'s number is {contact.phone_number}."
+
+
+def _report_phone_number(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
+    reference, reply = _phone_number_lookup(draft)
+    return f"What's {reference}'s phone number?", reply
 
 
 def _report_reminder_time(draft: Draft, weekdays: set[int]) -> tuple[str, str]:

@@ -48,6 +48,7 @@ def test_default_config_is_typed_and_points_at_the_embedded_model():
         (["model=local"], "model.source=path needs model.path="),
         (["split=eval,analysis"], "add -m to sweep"),
         (["grpo.max_rollouts=3"], "grpo.max_rollouts=3 is below one batch (group_size x groups_per_batch = 64)"),
+        (["grpo.iterations=8", "grpo.max_iterations=4"], "grpo.max_iterations=4 is below grpo.iterations=8; raise it or set null"),
         (["trainer.collective_timeout_s=0"], "trainer.collective_timeout_s must be > 0 seconds, got 0"),
         (["trainer.strategy=zero3"], "trainer.strategy='zero3' is not one of ddp, fsdp"),
         (["ray.placement_timeout_s=0"], "ray.placement_timeout_s must be > 0 seconds or null, got 0"),

@@ -19,7 +19,7 @@ from trace_ray.training.action_logprobs import ActionLogprobs, ScoredRow
 from trace_ray.training.grpo import policy_loss
 from trace_ray.training.groups import TrainingRow
 from trace_ray.training.lora_model import peft_settings, trainable_model
-from trace_ray.training.train_loop import BatchMailbox, TrainJob, batch_fits, train_loop_per_worker, update
+from trace_ray.training.train_loop import BatchMailbox, TrainJob, batch_fits, iterations_done, train_loop_per_worker, update
 from trace_ray.training.weight_sync import WeightSyncError, sync_adapter
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
@@ -314,6 +314,23 @@ def test_a_rollout_cap_stops_resampling_and_training_at_the_budget(tmp_path, ray
 def test_batch_fits_counts_finished_and_current_rollouts_against_the_cap(cap, spent, extra, fits):
     grpo = tiny_config(f"grpo.max_rollouts={'null' if cap is None else cap}", "grpo.group_size=2", "grpo.groups_per_batch=2").grpo
     assert batch_fits(grpo, [{"rollouts": n} for n in spent], extra) is fits
+
+
+@pytest.mark.parametrize(
+    "maximum, rewards, done",
+    [
+        (None, [0.1, 0.2], False),  # below grpo.iterations
+        (None, [0.1, 0.2, 0.3, 0.4], True),  # grpo.iterations reached, no extension
+        (6, [0.1, 0.2, 0.3, 0.4], False),  # still rising: a new best in the last 3
+        (6, [0.5, 0.1, 0.3, 0.4], True),  # the best (0.5) is older than the last 3
+        (6, [0.1, 0.2, 0.3, 0.305], False),  # 0.305 beats 0.1 (the best before the last 3) by more than 0.01
+        (6, [0.3, 0.1, 0.2, 0.305], True),  # ... 0.3 by less
+        (6, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], True),  # max_iterations reached, rising or not
+    ],
+)
+def test_past_iterations_training_goes_on_while_the_reward_rises_up_to_max_iterations(maximum, rewards, done):
+    grpo = tiny_config("grpo.iterations=4", f"grpo.max_iterations={'null' if maximum is None else maximum}", "grpo.plateau_delta=0.01").grpo
+    assert iterations_done(grpo, len(rewards), [{"reward_mean": reward} for reward in rewards]) is done
 
 
 def test_the_mailbox_hands_each_batch_to_every_reader_then_drops_it():

@@ -228,6 +228,7 @@ class CalibrationConfig:
 @dataclass
 class GRPOConfig:
     iterations: int = MISSING
+    max_iterations: Optional[int] = None  # past iterations, keep going while the reward still rises, up to this many
     group_size: int = MISSING
     groups_per_batch: int = MISSING
     temperature: float = MISSING
@@ -613,6 +614,8 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     for key in ("iterations", "group_size", "groups_per_batch", "ppo_epochs", "mini_batch_size", "max_tokens_per_micro_batch", "checkpoint_every", "plateau_patience"):
         _require(getattr(grpo, key) >= 1, f"grpo.{key} must be >= 1, got {getattr(grpo, key)}")
     _require(grpo.group_size >= 2, f"grpo.group_size must be >= 2 (advantages compare rollouts of one seed), got {grpo.group_size}")
+    _require(grpo.max_iterations is None or grpo.max_iterations >= grpo.iterations,
+             f"grpo.max_iterations={grpo.max_iterations} is below grpo.iterations={grpo.iterations}; raise it or set null")
     _require(grpo.advantage in ("std", "mean"), f"grpo.advantage={grpo.advantage!r} is not one of std, mean")
     _require(grpo.old_logprobs in ("engine", "trainer"), f"grpo.old_logprobs={grpo.old_logprobs!r} is not one of engine, trainer")
     _require(grpo.temperature > 0, f"grpo.temperature must be > 0 (GRPO samples), got {grpo.temperature}")

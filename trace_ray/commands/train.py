@@ -11,7 +11,7 @@ found no difficulty in band, is skipped with its reason unless
 shapes the adapter (model, lora, grpo, seed, the environment: ``TRAINING_KEYS``);
 its checkpoints live under ``trainer.storage_path/<run name>`` (default
 ``DIR/train_state``). Rerunning the same command resumes a job from its latest
-checkpoint (a larger ``grpo.iterations`` or ``grpo.max_rollouts`` continues
+checkpoint (a larger ``grpo.iterations``, ``grpo.max_iterations`` or ``grpo.max_rollouts`` continues
 it); changed settings start a run of their own and never resume another's
 checkpoint. The adapter is exported to ``DIR/adapters/<name>/`` as a PEFT
 folder, beside ``metrics.parquet``, ``tensorboard/`` and ``reward_curve.png``.
@@ -51,7 +51,7 @@ from trace_ray.training.training_log import read_metrics
 HELP = "train one LoRA adapter per READY capability with GRPO on Ray Train (run_dir/adapters/<name>/)"
 POLL_S = 2.0
 # grpo keys a resumed run may change: when it stops and how often it checkpoints
-RESUMABLE_GRPO_KEYS = ("iterations", "max_rollouts", "plateau_patience", "plateau_delta", "checkpoint_every")
+RESUMABLE_GRPO_KEYS = ("iterations", "max_iterations", "max_rollouts", "plateau_patience", "plateau_delta", "checkpoint_every")
 # the settings that shape an adapter (with its name and environment): a change starts another Ray Train run
 TRAINING_KEYS = (
     "model", "lora", "seed", "rollout.max_episode_tokens", "trainer.strategy",
@@ -227,7 +227,7 @@ def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    bar = progress.add_task(f"GRPO {job.name}", total=config.grpo.iterations)
+    bar = progress.add_task(f"GRPO {job.name}", total=config.grpo.max_iterations or config.grpo.iterations)
     while not done.wait(POLL_S):
         if metrics_path.is_file():
             rows = pq.read_table(metrics_path, columns=["iteration", "reward_mean"]).to_pylist()

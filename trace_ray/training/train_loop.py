@@ -24,7 +24,9 @@ Per iteration:
 4. rank 0 publishes the new adapter version to every rollout worker and
    verifies it (``weight_sync.py``); a checkpoint is reported every
    ``grpo.checkpoint_every`` iterations; training stops early on a reward
-   plateau, or when another batch would spend more than ``grpo.max_rollouts``.
+   plateau, or when another batch would spend more than ``grpo.max_rollouts``;
+   past ``grpo.iterations`` it goes on (up to ``grpo.max_iterations``) while
+   the reward still rises.
 """
 
 from __future__ import annotations
@@ -135,6 +137,27 @@ def batch_fits(grpo: GRPOConfig, history: list[dict[str, Any]], extra: int = 0) 
         return True
     spent = sum(row["rollouts"] for row in history) + extra
     return spent + grpo.group_size * grpo.groups_per_batch <= grpo.max_rollouts
+
+
+RISING_WINDOW = 3  # past grpo.iterations, training goes on while one of this many latest iterations set a new best
+
+
+def still_rising(history: list[dict[str, Any]], delta: float, window: int = RISING_WINDOW) -> bool:
+    """Whether the best mean reward of the last ``window`` iterations beats every earlier one by more than ``delta``."""
+    if len(history) <= window:
+        return True
+    recent = max(row["reward_mean"] for row in history[-window:])
+    return recent > max(row["reward_mean"] for row in history[:-window]) + delta
+
+
+def iterations_done(grpo: GRPOConfig, iteration: int, history: list[dict[str, Any]]) -> bool:
+    """Whether ``iteration`` iterations are enough: ``grpo.iterations``, or past them (up to ``grpo.max_iterations``)
+    once the reward stopped rising."""
+    if iteration < grpo.iterations:
+        return False
+    if grpo.max_iterations is None or iteration >= grpo.max_iterations:
+        return True
+    return not still_rising(history, grpo.plateau_delta)
 
 
 class BatchMailbox:
@@ -388,7 +411,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         load_optimizer_state(scorer, optimizer, restored.optimizer, sharded)
         state = restored.state
 
-    stop = state.iteration >= grpo.iterations or not batch_fits(grpo, state.history)
+    stop = iterations_done(grpo, state.iteration, state.history) or not batch_fits(grpo, state.history)
     # a finished run (resumed from its last checkpoint) only exports its adapter: no rollout workers
     rollouts = TrainingRollouts(config, job) if rank == 0 and not stop else None
     log = TrainingLog(Path(job.output)) if rank == 0 else None
@@ -428,7 +451,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         metrics["finished_at"] = time.time()
         state.history.append(metrics)
         metrics["stopped_on_budget"] = not batch_fits(grpo, state.history)
-        stop = state.iteration >= grpo.iterations or metrics["stopped_on_plateau"] or metrics["stopped_on_budget"]
+        stop = iterations_done(grpo, state.iteration, state.history) or metrics["stopped_on_plateau"] or metrics["stopped_on_budget"]
         if rank == 0:
             log.write(state.history)
         if stop or state.iteration % grpo.checkpoint_every == 0:

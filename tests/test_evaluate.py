@@ -101,7 +101,11 @@ def test_an_out_of_band_capability_with_an_adapter_is_routed_like_a_ready_one(tm
 
 
 def write_metrics(folder, rollouts):
-    rows = [{"iteration": i + 1, "reward_mean": 0.1 * i, "success_rate": 0.0, "rollouts": n} for i, n in enumerate(rollouts)]
+    rows = [
+        {"iteration": i + 1, "reward_mean": 0.1 * i, "success_rate": 0.0, "groups": n // 4, "informative_groups": 1, "rollouts": n,
+         "rollout_s": 2.0, "update_s": 1.0}
+        for i, n in enumerate(rollouts)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), folder / "metrics.parquet")
 
 
@@ -125,6 +129,8 @@ def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
     assert all(row["tasks"] == 4 for row in rows.values())
     assert rows[f"adapter:{names[0]}"]["rollouts"] == 16 and rows["TRACE (logit)"]["rollouts"] == 24
     assert rows["GRPO on target"]["rollouts"] == 24 and rows["prompt injection"]["rollouts"] == 0
+    markdown = (tmp_path / "eval" / "report.md").read_text()
+    assert all(f"## Training curve: {name}" in markdown for name in [*names, "GRPO on target"])
     option_rows = {"base": "base", **{name: f"adapter:{name}" for name in names}}
     per_task = [{option: rows[row]["rewards"][i] for option, row in option_rows.items()} for i in range(4)]
     # the oracle router plays, on every task, an option that scored the task's highest reward (the base on a tie)
@@ -273,3 +279,17 @@ def test_code_repair_episodes_become_swe_bench_prediction_files(tmp_path):
         {"instance_id": "pkg__001", "model_name_or_path": "smollm2_135m/TRACE (logit)", "model_patch": "--- a/x.py\n+++ b/x.py\n"},
         {"instance_id": "pkg__002", "model_name_or_path": "smollm2_135m/TRACE (logit)", "model_patch": ""},
     ]
+
+
+def test_the_report_shows_each_training_curve_with_its_informative_groups_and_seconds():
+    base = MethodScores("base", ["a", "a"], [0.0, 0.5], [False, False], 0)
+    history = [
+        {"iteration": 1, "reward_mean": 0.125, "success_rate": 0.0625, "groups": 2, "informative_groups": 1, "rollouts": 16,
+         "rollout_s": 30.4, "update_s": 12.0},
+        {"iteration": 2, "reward_mean": 0.25, "success_rate": 0.125, "groups": 4, "informative_groups": 3, "rollouts": 32,
+         "rollout_s": 50.0, "update_s": None},  # an iteration skipped for want of informative groups has no update
+    ]
+    text = report_markdown("title", {**evaluation_report([base]), "training": {"skill": history}}, {}, [])
+    assert "## Training curve: skill" in text
+    assert "| 1 | 0.125 | 0.062 | 1/2 | 16 | 42 |" in text  # seconds: 30.4 rollouts + 12.0 update
+    assert "| 2 | 0.250 | 0.125 | 3/4 | 32 | 50 |" in text

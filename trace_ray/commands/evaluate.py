@@ -49,7 +49,7 @@ from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
 from trace_ray.evaluation.transcripts import write_episodes, write_predictions, write_wins
 from trace_ray.evaluation.report import (
-    COMPARISON_HEADER, ROUTING_HEADER, TABLE_HEADER, MethodScores, comparison_rows, evaluation_report, report_markdown, routing_cells,
+    COMPARISON_HEADER, GRPO_METHOD, ROUTING_HEADER, TABLE_HEADER, MethodScores, comparison_rows, evaluation_report, report_markdown, routing_cells,
     table_rows,
 )
 from trace_ray.rollout_loop import EpisodeResult
@@ -141,8 +141,8 @@ def run(config: TraceConfig) -> None:
         unavailable["TRACE (moe)"] = str(exc)
     if config.evaluate.grpo_baseline in options:
         baseline_rollouts = rollouts_spent(baseline)
-        methods.append(scores("GRPO on target", [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))
-        episodes["GRPO on target"] = [played[s][config.evaluate.grpo_baseline] for s in seeds]
+        methods.append(scores(GRPO_METHOD, [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))
+        episodes[GRPO_METHOD] = [played[s][config.evaluate.grpo_baseline] for s in seeds]
     methods.append(scores("prompt injection", [injected[s][BASE] for s in seeds], 0))
     episodes["prompt injection"] = [injected[s][BASE] for s in seeds]
 
@@ -163,7 +163,8 @@ def run(config: TraceConfig) -> None:
         "choices": {**choices, "oracle": oracle}, "seeds": seeds,
     })
     with atomic_path(folder / "report.md") as scratch:
-        Path(scratch).write_text(report_markdown(title, {**report, "routing": routing}, unavailable, notes), encoding="utf-8")
+        training = history | ({GRPO_METHOD: read_metrics(baseline)} if config.evaluate.grpo_baseline in options else {})
+        Path(scratch).write_text(report_markdown(title, {**report, "routing": routing, "training": training}, unavailable, notes), encoding="utf-8")
     write_episodes(folder / "episodes.parquet", episodes, {"split": config.split, "env": config.env.name, "model": config.model.name})
     write_wins(folder / "transcripts.md", episodes["base"], {name: results for name, results in episodes.items() if name != "base"})
     write_predictions(folder / "predictions", episodes, config.model.name)  # code-repair targets: SWE-bench predictions

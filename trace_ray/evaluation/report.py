@@ -147,13 +147,29 @@ def routing_cells(result: dict) -> list[str]:
     return [f"{result['accuracy']:.3f}", f"{result['routed_reward']:.3f}", regret]
 
 
+CURVE_HEADER = ["iteration", "mean reward", "success", "informative groups", "rollouts", "seconds"]
+
+
+def curve_rows(history: list[dict]) -> list[tuple[str, ...]]:
+    """One adapter's training curve (its ``metrics.parquet`` rows): reward, success, informative groups of
+    all groups, rollouts and seconds (rollouts and update) per iteration."""
+    return [
+        (
+            str(row["iteration"]), f"{row['reward_mean']:.3f}", f"{row['success_rate']:.3f}",
+            f"{row['informative_groups']}/{row['groups']}", str(row["rollouts"]),
+            f"{row['rollout_s'] + (row.get('update_s') or 0.0):.0f}",
+        )
+        for row in history
+    ]
+
+
 def _table(header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|", *("| " + " | ".join(cells) + " |" for cells in rows)]
 
 
 def report_markdown(title: str, report: dict, unavailable: dict[str, str], notes: list[str]) -> str:
     """The report (``evaluation_report``): the main table first, then the TRACE comparisons, the methods that
-    could not run, per-family rewards and notes."""
+    could not run, per-family rewards, the training curves (``report["training"]``: name -> metrics rows) and notes."""
     rows, comparisons = report["methods"], report["comparisons"]
     lines = [f"# {title}", "", *_table(TABLE_HEADER, table_rows(rows))]
     if comparisons:
@@ -174,6 +190,8 @@ def report_markdown(title: str, report: dict, unavailable: dict[str, str], notes
         for row in rows:
             cells = [f"{row['families'][f]['mean_reward']:.3f}" if f in row["families"] else "" for f in families]
             lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+    for name, history in report.get("training", {}).items():
+        lines += ["", f"## Training curve: {name}", "", *_table(CURVE_HEADER, curve_rows(history))]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"

@@ -287,7 +287,7 @@ def test_the_report_shows_each_training_curve_with_its_informative_groups_and_se
         {"iteration": 1, "reward_mean": 0.125, "success_rate": 0.0625, "groups": 2, "informative_groups": 1, "rollouts": 16,
          "rollout_s": 30.4, "update_s": 12.0},
         {"iteration": 2, "reward_mean": 0.25, "success_rate": 0.125, "groups": 4, "informative_groups": 3, "rollouts": 32,
-         "rollout_s": 50.0, "update_s": None},  # an iteration skipped for want of informative groups has no update
+         "rollout_s": 50.0, "update_s": 0.2},
     ]
     text = report_markdown("title", {**evaluation_report([base]), "training": {"skill": history}}, {}, [])
     assert "## Training curve: skill" in text

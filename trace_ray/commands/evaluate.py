@@ -53,7 +53,7 @@ from trace_ray.evaluation.report import (
     table_rows,
 )
 from trace_ray.rollout_loop import EpisodeResult
-from trace_ray.training.training_log import read_metrics, rollouts_spent
+from trace_ray.training.training_log import read_metrics
 from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate
 from trace_ray.routing.logit_router import BASE
@@ -139,8 +139,10 @@ def run(config: TraceConfig) -> None:
         episodes["TRACE (moe)"] = [mixed[s][BASE] for s in seeds]
     except TraceRayError as exc:
         unavailable["TRACE (moe)"] = str(exc)
+    training = dict(history)  # report.md's training curves
     if config.evaluate.grpo_baseline in options:
-        baseline_rollouts = rollouts_spent(baseline)
+        training[GRPO_METHOD] = read_metrics(baseline)
+        baseline_rollouts = sum(row["rollouts"] for row in training[GRPO_METHOD])
         methods.append(scores(GRPO_METHOD, [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))
         episodes[GRPO_METHOD] = [played[s][config.evaluate.grpo_baseline] for s in seeds]
     methods.append(scores("prompt injection", [injected[s][BASE] for s in seeds], 0))
@@ -163,7 +165,6 @@ def run(config: TraceConfig) -> None:
         "choices": {**choices, "oracle": oracle}, "seeds": seeds,
     })
     with atomic_path(folder / "report.md") as scratch:
-        training = history | ({GRPO_METHOD: read_metrics(baseline)} if config.evaluate.grpo_baseline in options else {})
         Path(scratch).write_text(report_markdown(title, {**report, "routing": routing, "training": training}, unavailable, notes), encoding="utf-8")
     write_episodes(folder / "episodes.parquet", episodes, {"split": config.split, "env": config.env.name, "model": config.model.name})
     write_wins(folder / "transcripts.md", episodes["base"], {name: results for name, results in episodes.items() if name != "base"})

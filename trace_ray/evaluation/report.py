@@ -157,7 +157,7 @@ def curve_rows(history: list[dict]) -> list[tuple[str, ...]]:
         (
             str(row["iteration"]), f"{row['reward_mean']:.3f}", f"{row['success_rate']:.3f}",
             f"{row['informative_groups']}/{row['groups']}", str(row["rollouts"]),
-            f"{row['rollout_s'] + (row.get('update_s') or 0.0):.0f}",
+            f"{row['rollout_s'] + row['update_s']:.0f}",
         )
         for row in history
     ]

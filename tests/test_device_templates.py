@@ -84,19 +84,27 @@ def test_milestone_weights_give_partial_credit(capability):
 
 
 @pytest.mark.parametrize("capability", LEVEL_0_CAPABILITIES)
-def test_level_0_half_the_time_needs_a_number_only_the_contact_search_gives(capability):
-    env = DeviceTemplateEnvironment(capability, 0)
+def test_level_1_half_the_time_needs_a_number_only_the_contact_search_gives(capability):
+    env = DeviceTemplateEnvironment(capability, 1)
     dependent = 0
-    for seed in _seeds(capability, 0, 16):
+    for seed in _seeds(capability, 1, 16):
         scenario = env.make_scenario(seed)
-        calls = [call["function"]["name"] for message in scenario.oracle for call in message.get("tool_calls") or []]
-        if "search_contacts" not in calls:
-            continue
-        dependent += 1
         used = re.sub(r"\D", "", json.dumps(scenario.oracle))  # the send's number or the reply's
         wanted = [national_digits(contact.phone_number) for contact in scenario.state.contacts if national_digits(contact.phone_number) in used]
-        assert wanted and not any(number in re.sub(r"\D", "", scenario.request) for number in wanted), scenario.request
-    assert 4 <= dependent <= 12, dependent
+        if not wanted:
+            continue
+        dependent += 1
+        calls = [call["function"]["name"] for message in scenario.oracle for call in message.get("tool_calls") or []]
+        assert "search_contacts" in calls and not any(number in re.sub(r"\D", "", scenario.request) for number in wanted), scenario.request
+    assert dependent >= 4, dependent
+
+
+@pytest.mark.parametrize("capability", LEVEL_0_CAPABILITIES)
+def test_level_0_changes_settings_only(capability):
+    env = DeviceTemplateEnvironment(capability, 0)
+    for seed in _seeds(capability, 0, 16):
+        calls = [call["function"]["name"] for message in env.make_scenario(seed).oracle for call in message.get("tool_calls") or []]
+        assert calls and all(re.fullmatch(r"set_\w+_status", name) for name in calls), calls
 
 
 def test_the_synthetic_environment_has_the_device_tools():

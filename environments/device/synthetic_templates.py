@@ -248,22 +248,20 @@ def _tool_calling_precision(draft: Draft, difficulty: int) -> str:
     """Requests whose success depends on exact argument values.
 
     0: one setting to an exact on/off value (a single call: a level small
-    models can reach), or, half the time, text a contact (the number the
-    contact search returns is the send's argument: a dependent step, as in the
-    target's message and compound requests). 1: save a new contact (name, typed number, relationship). 2: the same and one
-    setting. 3: change a number, save a contact, one setting. 4: those and two
+    models can reach). 1: save a new contact (name, typed number,
+    relationship) or, half the time, text a contact (the number the contact
+    search returns is the send's argument: a dependent step, as in the
+    target's message and compound requests). 2: the same and one setting. 3: change a number, save a contact, one setting. 4: those and two
     settings, with a look-alike contact (same first name) whose number must not
     change. 5: three settings, a look-alike for both contacts, and numbers typed
     with dots or a country code. Marked: every state-changing call.
     """
     _check(difficulty, WITH_LEVEL_0)
-    if difficulty == 0 and draft.rng.random() < 0.5:
-        request, reply = text_contact(draft, draft.add_contact(_unused_close_relationships(draft, 1)[0]))
-        draft.mark_capability_step()  # the send: broken, it texts a wrong number
-        draft.say(reply)
-        return sentence(request)
     actions = [_new_number(draft, difficulty)] if difficulty >= 3 else []
-    if difficulty >= 1:
+    if difficulty in (1, 2) and draft.rng.random() < 0.5:
+        actions.append(text_contact(draft, draft.add_contact(_unused_close_relationships(draft, 1)[0])))
+        draft.mark_capability_step()  # the send: broken, it texts a wrong number
+    elif difficulty >= 1:
         actions.append(_new_contact(draft, difficulty))
     for setting, on in _settings(draft, {0: 1, 1: 0, 2: 1, 3: 1, 4: 2, 5: 3}[difficulty]):
         actions.append(set_setting(draft, setting, on))
@@ -294,8 +292,8 @@ def _tell_phone_number(draft: Draft) -> tuple[str, str]:
 
 def _multi_step_task_completion(draft: Draft, difficulty: int) -> str:
     """A compound request of independent actions: ``difficulty + 1`` parts (2 to 6), up to two of them settings;
-    at 0 two settings (one call each: a level small models can reach) or, half the time, a contact's number looked
-    up and told, then a setting (the target's lookup and compound requests need both kinds of step).
+    at 0 two settings (one call each: a level small models can reach); at 1, half the time, a contact's number
+    looked up and told, then a setting (the target's lookup and compound requests need both kinds of step).
 
     Each part has its own milestones, so stopping early earns partial credit.
     Marked: the last action of the last part (from 4: of the last two parts), as
@@ -304,7 +302,9 @@ def _multi_step_task_completion(draft: Draft, difficulty: int) -> str:
     _check(difficulty, WITH_LEVEL_0)
     rng = draft.rng
     if difficulty == 0:
-        kinds = ["setting", "setting"] if rng.random() < 0.5 else ["tell_number", "setting"]
+        kinds = ["setting", "setting"]
+    elif difficulty == 1 and rng.random() < 0.5:
+        kinds = ["tell_number", "setting"]
     else:
         kinds = rng.sample([*sorted(_MULTI_PARTS), "setting", "setting"], difficulty + 1)
     settings = iter(_distinct_settings(draft, kinds.count("setting")))

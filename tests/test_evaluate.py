@@ -289,7 +289,9 @@ def test_the_report_shows_each_training_curve_with_its_informative_groups_and_se
         {"iteration": 2, "reward_mean": 0.25, "success_rate": 0.125, "groups": 4, "informative_groups": 3, "rollouts": 32,
          "rollout_s": 50.0, "update_s": 0.2},
     ]
-    text = report_markdown("title", {**evaluation_report([base]), "training": {"skill": history}}, {}, [])
+    leveled = [dict(row, difficulty=level) for row, level in zip(history, (0, 1))]
+    text = report_markdown("title", {**evaluation_report([base]), "training": {"skill": history, "leveled": leveled}}, {}, [])
     assert "## Training curve: skill" in text
-    assert "| 1 | 0.125 | 0.062 | 1/2 | 16 | 42 |" in text  # seconds: 30.4 rollouts + 12.0 update
-    assert "| 2 | 0.250 | 0.125 | 3/4 | 32 | 50 |" in text
+    assert "| 1 | - | 0.125 | 0.062 | 1/2 | 16 | 42 |" in text  # seconds: 30.4 rollouts + 12.0 update
+    assert "| 2 | - | 0.250 | 0.125 | 3/4 | 32 | 50 |" in text
+    assert "| 2 | 1 | 0.250 | 0.125 | 3/4 | 32 | 50 |" in text  # the synthetic environment's level

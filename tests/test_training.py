@@ -532,6 +532,14 @@ def test_every_ready_capability_trains_in_its_synthetic_environment(tmp_path, ra
     assert not (tmp_path / "adapters" / "datetime_reasoning").exists()  # FAILED capabilities are not trained
 
 
+def test_training_moves_to_the_next_level_once_the_current_one_is_learned(tmp_path, ray_session):
+    # level_up_success=0: any two iterations at a level count as learned, so the third plays level 1
+    write_selection(tmp_path, [{"name": "tool_calling_precision", "status": "READY"}])
+    write_template_spec(tmp_path, "tool_calling_precision", 0)
+    train.run(capability_config(tmp_path, "grpo.iterations=3", "grpo.level_up_success=0"))
+    assert [row["difficulty"] for row in metrics_of(tmp_path, "tool_calling_precision")] == [0, 0, 1]
+
+
 BARRIER_S = 240  # how long a job waits for the others at the barrier: far beyond a worker group's start-up on a busy machine
 
 

@@ -254,6 +254,8 @@ class GRPOConfig:
     # stop before a batch would take the rollouts spent past this (null: no cap); the pipeline's
     # GRPO-on-target baseline gets TRACE's total so both spend the same budget
     max_rollouts: Optional[int] = None
+    # synthetic environments: move to the next harder level once the last 2 iterations' success rate reaches this (null: stay)
+    level_up_success: Optional[float] = None
 
 
 @dataclass
@@ -631,6 +633,8 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     batch = grpo.group_size * grpo.groups_per_batch
     _require(grpo.max_rollouts is None or grpo.max_rollouts >= batch,
              f"grpo.max_rollouts={grpo.max_rollouts} is below one batch (group_size x groups_per_batch = {batch}); raise it or set null")
+    _require(grpo.level_up_success is None or 0 <= grpo.level_up_success <= 1,
+             f"grpo.level_up_success must be in [0, 1] or null, got {grpo.level_up_success}")
     _require(grpo.max_tokens_per_trajectory is None or grpo.max_tokens_per_trajectory >= 2,
              f"grpo.max_tokens_per_trajectory must be >= 2 or null, got {grpo.max_tokens_per_trajectory}")
     _require(lora.rank >= 1 and lora.alpha > 0, f"lora.rank must be >= 1 and lora.alpha > 0, got {lora.rank}, {lora.alpha}")

@@ -53,3 +53,13 @@ def synthetic_environment(spec: str, difficulty: int | None = None, **options) -
 
     module = Path(spec).parent / document["module"]
     return SandboxedEnvironment(module, level, limits=SandboxLimits(**document["sandbox"]), **options)
+
+
+def synthetic_levels(spec: str, difficulty: int | None = None) -> tuple[list[int], int]:
+    """(the difficulty levels of the environment ``spec`` describes, easiest first; the one it plays: ``difficulty``, or
+    the spec's calibrated one when None)."""
+    document = read_spec(spec)
+    level = document["difficulty"] if difficulty is None else difficulty
+    if document["source"] == "templates":
+        return sorted(target_templates(document["target"])[document["capability"]].difficulties), level
+    return sorted(document["difficulties"]), level

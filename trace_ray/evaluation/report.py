@@ -147,15 +147,17 @@ def routing_cells(result: dict) -> list[str]:
     return [f"{result['accuracy']:.3f}", f"{result['routed_reward']:.3f}", regret]
 
 
-CURVE_HEADER = ["iteration", "mean reward", "success", "informative groups", "rollouts", "seconds"]
+CURVE_HEADER = ["iteration", "level", "mean reward", "success", "informative groups", "rollouts", "seconds"]
 
 
 def curve_rows(history: list[dict]) -> list[tuple[str, ...]]:
-    """One adapter's training curve (its ``metrics.parquet`` rows): reward, success, informative groups of
-    all groups, rollouts and seconds (rollouts and update) per iteration."""
+    """One adapter's training curve (its ``metrics.parquet`` rows): the synthetic environment's level ("-": an
+    environment without levels), reward, success, informative groups of all groups, rollouts and seconds
+    (rollouts and update) per iteration."""
     return [
         (
-            str(row["iteration"]), f"{row['reward_mean']:.3f}", f"{row['success_rate']:.3f}",
+            str(row["iteration"]), "-" if row.get("difficulty") is None else str(row["difficulty"]),
+            f"{row['reward_mean']:.3f}", f"{row['success_rate']:.3f}",
             f"{row['informative_groups']}/{row['groups']}", str(row["rollouts"]),
             f"{row['rollout_s'] + row['update_s']:.0f}",
         )

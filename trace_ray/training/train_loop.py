@@ -26,7 +26,9 @@ Per iteration:
    ``grpo.checkpoint_every`` iterations; training stops early on a reward
    plateau, or when another batch would spend more than ``grpo.max_rollouts``;
    past ``grpo.iterations`` it goes on (up to ``grpo.max_iterations``) while
-   the reward still rises.
+   the reward still rises. In a synthetic environment with
+   ``grpo.level_up_success`` set, training moves to the next harder level once
+   the adapter succeeds at the current one (``curriculum.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import torch
 
 from trace_ray.config import EnvConfig, GRPOConfig, TraceConfig
 from trace_ray.training.action_logprobs import ActionLogprobs, ScoredRow, forward_cost, pack_micro_batches
+from trace_ray.training.curriculum import at_level, next_level
 from trace_ray.training.grpo import kl_penalty, minibatches, policy_loss
 from trace_ray.training.groups import GroupSummary, TrainingRow, shard_rows, summarize_groups, training_rows
 from trace_ray.models import model_dtype
@@ -70,7 +73,8 @@ class TrainState:
     iteration: int = 0  # iterations finished
     seed_cursor: int = 0  # train seeds consumed (each group takes the next one)
     best_reward: float = -math.inf
-    since_best: int = 0  # iterations without a mean-reward gain of grpo.plateau_delta
+    since_best: int = 0  # iterations without a mean-reward gain of grpo.plateau_delta (at the current level)
+    difficulty: int | None = None  # the synthetic environment's level of the last iteration (None: none yet, or no levels)
     history: list[dict[str, Any]] = field(default_factory=list)  # the metrics of every iteration
 
 
@@ -90,6 +94,28 @@ class TrainingRollouts:
         self.prompt = AgentPrompt.for_model(config.model, load_tokenizer(config.model))
         self.env = environment_maker(job.env)()  # for its train seeds
         self.lora_config = peft_settings(config.lora)
+        self.levels, self.level = [], None  # a synthetic environment's difficulty levels and the one its actors play
+        if job.env.name == "synthetic":
+            from environments.synthetic.factory import synthetic_levels
+
+            self.levels, self.level = synthetic_levels(job.env.spec, job.env.difficulty)
+
+    def level_for(self, state: TrainState) -> dict[str, int]:
+        """Move the environment actors to the level the next iteration trains at; ``{"difficulty": it}`` for its
+        metrics (empty: an environment without levels)."""
+        if self.level is None:
+            return {}
+        current = self.level if state.difficulty is None else state.difficulty
+        level = next_level(state.history, self.levels, current, self.config.grpo.level_up_success)
+        if level != self.level:
+            import dataclasses
+
+            from actors.rollout_coordinator import start_env_actors, stop_env_actors
+
+            stop_env_actors(self.pool.env_actors)
+            self.pool.env_actors = start_env_actors(self.config, dataclasses.replace(self.job.env, difficulty=level))
+            self.level = level
+        return {"difficulty": level}
 
     def sync(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Publish the adapter's ``weights`` (:func:`adapter_weights`) as ``version`` to every rollout worker; seconds taken."""
@@ -411,7 +437,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         load_optimizer_state(scorer, optimizer, restored.optimizer, sharded)
         state = restored.state
 
-    stop = iterations_done(grpo, state.iteration, state.history) or not batch_fits(grpo, state.history)
+    stop = iterations_done(grpo, state.iteration, at_level(state.history, state.difficulty)) or not batch_fits(grpo, state.history)
     # a finished run (resumed from its last checkpoint) only exports its adapter: no rollout workers
     rollouts = TrainingRollouts(config, job) if rank == 0 and not stop else None
     log = TrainingLog(Path(job.output)) if rank == 0 else None
@@ -425,13 +451,17 @@ def train_loop_per_worker(loop_config: dict) -> None:
         iteration = state.iteration + 1
         if rank == 0:
             started_at = time.time()
+            level = rollouts.level_for(state)
             groups, cursor, rollout_s = rollouts.collect(state, version=state.iteration)
             rows = training_rows(groups, grpo.advantage, grpo.advantage_eps, grpo.max_tokens_per_trajectory)
-            metrics = dict(iteration_metrics(iteration, summarize_groups(groups), rollout_s), started_at=started_at)
+            metrics = dict(iteration_metrics(iteration, summarize_groups(groups), rollout_s), started_at=started_at, **level)
             payload = {"rows": rows, "cursor": cursor, "metrics": metrics}
         payload = hand_out(payload if rank == 0 else None, iteration, rank, loop_config["mailbox"])
         state.seed_cursor = payload["cursor"]
         metrics = dict(payload["metrics"], skipped=not payload["rows"])
+        if metrics.get("difficulty", state.difficulty) != state.difficulty and state.difficulty is not None:
+            state.best_reward, state.since_best = -math.inf, 0  # rewards of a new level start over
+        state.difficulty = metrics.get("difficulty")
         started = time.perf_counter()
         if payload["rows"]:
             generator = torch.Generator().manual_seed(config.seed * 1_000_003 + iteration)
@@ -451,7 +481,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         metrics["finished_at"] = time.time()
         state.history.append(metrics)
         metrics["stopped_on_budget"] = not batch_fits(grpo, state.history)
-        stop = iterations_done(grpo, state.iteration, state.history) or metrics["stopped_on_plateau"] or metrics["stopped_on_budget"]
+        stop = (iterations_done(grpo, state.iteration, at_level(state.history, state.difficulty))
+                or metrics["stopped_on_plateau"] or metrics["stopped_on_budget"])
         if rank == 0:
             log.write(state.history)
         if stop or state.iteration % grpo.checkpoint_every == 0:

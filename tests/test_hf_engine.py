@@ -1,5 +1,6 @@
 from dataclasses import replace
 
+import pytest
 import torch
 
 from trace_ray.engines import SamplingParams
@@ -153,6 +154,33 @@ def test_a_request_joining_a_running_batch_generates_what_it_would_alone(tiny_mo
     assert first.token_ids == alone_long.token_ids and joined.token_ids == alone_short.token_ids
     assert torch.allclose(torch.tensor(joined.logprobs), torch.tensor(alone_short.logprobs), atol=1e-4)
     assert engine._rows == [] and engine._cache is None  # the batch is empty again
+
+
+def test_close_finishes_what_was_submitted_then_stops_its_thread_and_frees_the_engine(tiny_model):
+    """A process that makes engine after engine (a Ray worker playing evaluation after evaluation) must get each one's
+    memory back: the loop thread of an engine never closed holds it (measured: +1.8 GiB per SmolLM2 evaluation)."""
+    import gc
+    import threading
+    import weakref
+
+    from trace_ray.engines.engine_loop import EngineClosedError
+
+    network, tokenizer = tiny_model
+    engine = HFEngine(network, tokenizer, stop_token_ids=[tokenizer.eos_token_id])
+    (prompt,) = prompts_for(tokenizer, ["a task"])
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=40)
+    pending = engine.submit(prompt, params)
+    thread = engine._loop._thread
+    engine.close()
+    assert pending.done() and len(pending.result().token_ids) > 0  # close waited for it
+    assert not thread.is_alive()
+    with pytest.raises(EngineClosedError, match="make a new engine"):
+        engine.submit(prompt, params)
+    engine.close()  # a second close is harmless
+    freed = weakref.ref(engine)
+    del engine, pending
+    gc.collect()
+    assert freed() is None and thread not in threading.enumerate()
 
 
 def test_batch_holds_at_most_max_batch_rows(tiny_model):

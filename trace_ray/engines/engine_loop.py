@@ -11,7 +11,9 @@ slowest sequence of a batch.
 A core implements ``admit(requests) -> ended``, ``step() -> finished``,
 ``busy`` and ``room`` (requests beyond it wait their turn). Everything
 that touches the core's state (adapter loading included) runs under the
-loop's lock, between steps.
+loop's lock, between steps. ``close`` ends the thread once the requests
+already submitted are done, so that a closed engine (its weights and KV
+caches) can be freed: a live loop thread keeps its core alive.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ import torch
 from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation, OnToken, SamplingParams
 
 T = TypeVar("T")
+
+
+class EngineClosedError(RuntimeError):
+    """A generation was submitted to an engine after its ``close``."""
 
 
 @dataclass(eq=False)
@@ -80,17 +86,29 @@ class EngineLoop:
         self._wakeup = threading.Condition()
         self._waiting: list[Request] = []
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def submit(self, requests: list[tuple[list[int], SamplingParams, AdapterRef | None]], on_token: OnToken | None = None) -> list[Future]:
         """Queue generations ``(prompt, params, adapter)``, together; each future resolves to a :class:`Generation`."""
         queued = [Request(list(prompt), params, adapter, request_generator(params.seed), on_token) for prompt, params, adapter in requests]
         with self._wakeup:
+            if self._closed:
+                raise EngineClosedError("the engine is closed; make a new engine to generate again")
             self._waiting += queued
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
                 self._thread.start()
             self._wakeup.notify()
         return [request.future for request in queued]
+
+    def close(self) -> None:
+        """Finish the requests already submitted, then stop the loop thread; later submits raise EngineClosedError."""
+        with self._wakeup:
+            self._closed = True
+            thread = self._thread
+            self._wakeup.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def locked(self, function: Callable[..., T], *args) -> T:
         """Run ``function`` between decode steps (adapter loading, inspection)."""
@@ -101,6 +119,8 @@ class EngineLoop:
         while True:
             with self._wakeup:
                 while not self._waiting and not self.core.busy:
+                    if self._closed:
+                        return
                     self._wakeup.wait()
                 room = max(self.core.room, 0)
                 arrived, self._waiting = self._waiting[:room], self._waiting[room:]
@@ -145,6 +165,10 @@ class LoopedEngine:
             for index, (prompt, adapter) in enumerate(zip(prompts, adapters))
         ]
         return [future.result() for future in self._loop.submit(requests)]
+
+    def close(self) -> None:
+        """Finish the submitted generations and stop the loop thread; the engine can then be freed."""
+        self._loop.close()
 
     def adapters(self) -> dict[str, int]:
         """Loaded adapters: name -> version."""

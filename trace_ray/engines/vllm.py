@@ -62,8 +62,9 @@ class VLLMEngine(LoopedEngine):
         super().__init__()
 
     def close(self) -> None:
-        """Stop vLLM's engine process and delete the adapter folders."""
-        self._loop.locked(self.llm.engine_core.shutdown)
+        """Finish the submitted generations, stop vLLM's engine process and delete the adapter folders."""
+        super().close()
+        self.llm.engine_core.shutdown()
         shutil.rmtree(self._folder, ignore_errors=True)
 
     # -- adapters ---------------------------------------------------------------------

@@ -69,21 +69,22 @@ def play_options_here(
 ) -> Played:
     """:func:`play_options` in this process: each (seed, option) of ``pairs``."""
     engine = make_engine_here() if make_engine_here else make_engine(config.model, config.engine)
-    for name, folder in adapters.items():
-        engine.load_adapter(name, ADAPTER_VERSION, *read_peft_folder(folder))
-    tasks = [
-        EpisodeTask(f"{name}-{seed}", seed, 0, adapter=None if name == BASE else (name, ADAPTER_VERSION))
-        for seed, name in pairs
-    ]
-    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.model.sampling.max_new_tokens)
-    with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task(f"greedy episodes: {len(tasks)}", total=len(tasks))
-        results = run_rollouts(
-            tasks, LocalBackend(make_env, engine), AgentPrompt.for_model(config.model, engine.tokenizer), greedy,
-            config.batch_size, config.model.max_context_tokens, lambda _: progress.advance(bar), config.rollout.max_episode_tokens,
-        )
-    if hasattr(engine, "close"):
-        engine.close()
+    try:
+        for name, folder in adapters.items():
+            engine.load_adapter(name, ADAPTER_VERSION, *read_peft_folder(folder))
+        tasks = [
+            EpisodeTask(f"{name}-{seed}", seed, 0, adapter=None if name == BASE else (name, ADAPTER_VERSION))
+            for seed, name in pairs
+        ]
+        greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.model.sampling.max_new_tokens)
+        with Progress(console=console, transient=True) as progress:
+            bar = progress.add_task(f"greedy episodes: {len(tasks)}", total=len(tasks))
+            results = run_rollouts(
+                tasks, LocalBackend(make_env, engine), AgentPrompt.for_model(config.model, engine.tokenizer), greedy,
+                config.batch_size, config.model.max_context_tokens, lambda _: progress.advance(bar), config.rollout.max_episode_tokens,
+            )
+    finally:
+        engine.close()  # a Ray worker runs many tasks: an engine left open keeps its weights and KV caches
     played: Played = {}
     for task, result in zip(tasks, results):
         played.setdefault(task.seed, {})[task.key.rsplit("-", 1)[0]] = result

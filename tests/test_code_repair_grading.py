@@ -20,7 +20,7 @@ from environments.code_repair.synthetic import CodeRepairTemplateEnvironment
 from environments.code_repair import synthetic_templates as templates
 from environments.code_repair.synthetic_templates import hidden_calls, make_task, outcomes
 from environments.code_repair.tasks import build_tasks, run_tests
-from environments.code_repair.test_runner import RecordChannel
+from environments.code_repair.test_runner import RecordChannel, sandbox_command
 from environments.self_checks import oracle, play
 from tests.test_code_repair_tasks import SHAPES, TESTS, shapes  # noqa: F401  (the package fixture)
 
@@ -157,6 +157,20 @@ def test_the_record_channel_can_only_be_appended_to_and_a_record_longer_than_a_p
     run = subprocess.run([sys.executable, "-c", writer], pass_fds=(channel.fd,), capture_output=True, text=True, timeout=60)
     records, foreign = channel.close()
     assert run.stdout.split() == ["append-only", "append-only"] and len(records) == 300 and foreign == 0
+
+
+def test_a_python_environment_installed_under_tmp_is_bound_over_the_sandboxs_tmpfs_not_hidden_by_it(tmp_path, monkeypatch):
+    """bwrap mounts in argument order: a tmpfs /tmp mounted after the environment's bind hid a venv under /tmp (a clone
+    in /tmp graded every run "0 passed, 0 failed": bwrap could not find the interpreter)."""
+    environment = tmp_path / "venv"
+    environment.mkdir()
+    monkeypatch.setattr(sys, "prefix", str(environment))
+    argv = sandbox_command(tmp_path, 3, ["pytest"])
+    mounts = [(argv[i], argv[i + 2] if argv[i] != "--tmpfs" else argv[i + 1]) for i in range(len(argv))
+              if argv[i] in ("--ro-bind", "--bind", "--tmpfs")]
+    targets = [target for _, target in mounts]
+    assert ("--ro-bind", str(environment)) in mounts
+    assert targets.index("/tmp") < targets.index(str(environment))
 
 
 def test_the_witness_records_what_each_test_really_did_unittest_cases_included(tmp_path):

@@ -53,8 +53,9 @@ def sandbox_command(root: Path, record_fd: int, runner_args: Sequence[str]) -> l
     return [
         "bwrap", *NAMESPACES, "--uid", NOBODY, "--gid", NOBODY, "--hostname", "sandbox",
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--tmpfs", "/tmp",  # first: an environment installed under /tmp is bound over it, not hidden by it
         *system_binds(), *binds, "--ro-bind", str(Path(__file__).with_name("sandbox_runner.py")), RUNNER,
-        "--bind", str(root), REPO, "--tmpfs", "/tmp", "--dev", "/dev", "--remount-ro", "/", "--chdir", REPO,
+        "--bind", str(root), REPO, "--dev", "/dev", "--remount-ro", "/", "--chdir", REPO,
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
         "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "PYTHONIOENCODING", "utf-8",
         sys.executable, RUNNER, json.dumps(LIMITS), str(record_fd), *runner_args,  # the venv's own interpreter: it has pytest

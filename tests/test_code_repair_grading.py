@@ -22,6 +22,7 @@ from environments.code_repair.synthetic_templates import hidden_calls, make_task
 from environments.code_repair.tasks import build_tasks, run_tests
 from environments.code_repair.test_runner import RecordChannel, sandbox_command
 from environments.self_checks import oracle, play
+from trace_ray.errors import TraceRayError
 from tests.test_code_repair_tasks import SHAPES, TESTS, shapes  # noqa: F401  (the package fixture)
 
 ORIGINAL = "import re\n\n\ndef first_word(text, limit=3):\n    words = re.findall(r'\\w+', text)\n    return words[0][:limit] if words else ''\n"
@@ -171,6 +172,16 @@ def test_a_python_environment_installed_under_tmp_is_bound_over_the_sandboxs_tmp
     targets = [target for _, target in mounts]
     assert ("--ro-bind", str(environment)) in mounts
     assert targets.index("/tmp") < targets.index(str(environment))
+
+
+@pytest.mark.integration  # runs bubblewrap
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_run_where_nothing_passed(tmp_path, monkeypatch):
+    (tmp_path / "test_cases.py").write_text(UNITTEST_CASES)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    with pytest.raises(TraceRayError, match="sandbox did not start .*no-such-python"):
+        run_tests(tmp_path, ["test_cases.py"], sandboxed=True)
+    with pytest.raises(TraceRayError, match="sandbox did not start"):
+        grade_calls(tmp_path, "test_cases", [("t", "f", ())], [], [None], timeout_s=60)
 
 
 def test_the_witness_records_what_each_test_really_did_unittest_cases_included(tmp_path):

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from environments.code_repair.canaries import canary_problems, plant
 from environments.code_repair.mutations import literal
 from environments.code_repair.tasks import run_tests
-from environments.code_repair.test_runner import RecordChannel, sandbox_command
+from environments.code_repair.test_runner import RecordChannel, require_started, sandbox_command
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,13 @@ def grade_calls(root: Path, module: str, tests: Sequence[tuple[str, str, tuple]]
     channel = RecordChannel()
     command = sandbox_command(root, channel.fd, ["calls", module])
     try:
-        subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout_s, input=f"{channel.nonce}\n{json.dumps(calls)}\n",
-                       pass_fds=(channel.fd,))
+        finished = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout_s,
+                                  input=f"{channel.nonce}\n{json.dumps(calls)}\n", pass_fds=(channel.fd,))
     except subprocess.TimeoutExpired:
         channel.close()
         return Grade(frozenset(), timed_out=True)
     records, foreign = channel.close()
+    require_started(records, finished.stderr)
     results = [record["results"] for record in records if "results" in record]
     reasons = [f"{foreign} line(s) on the record channel without the run's nonce"] if foreign else []
     reasons += ["the results recorded more than once"] if len(results) > 1 else []

@@ -5,7 +5,8 @@
 builds the command). The script first sets the resource limits (``LIMITS``,
 JSON) and reads one line from stdin, the run's nonce (in ``calls`` mode a
 second line: the calls, JSON). Then, before any code under test is
-imported, it holds the record channel: ``RECORD_FD``, the write end of a
+imported, it records that it started (a run without that record never
+ran: the grader raises instead of grading it) and holds the record channel: ``RECORD_FD``, the write end of a
 pipe the grader reads outside the sandbox, where it writes JSON lines that
 each carry the nonce. What the code under test prints never goes there, and
 nothing in the sandbox can read back or rewrite what was written.
@@ -108,6 +109,7 @@ def main(argv: list[str]) -> int:
     limits, fd, mode, rest = json.loads(argv[1]), int(argv[2]), argv[3], argv[4:]
     set_limits(limits)
     record = Recorder(fd, sys.stdin.readline().strip())
+    record(started=True)  # before any code under test: the grader knows the sandbox ran
     sys.path[0] = ""  # the working directory, as for python -c
     if mode == "calls":
         return run_calls(record, rest[0], json.loads(sys.stdin.readline()))

@@ -26,7 +26,7 @@ from typing import Sequence
 
 from environments.code_repair.mutations import Mutation, mutations
 from environments.code_repair.packages import Package
-from environments.code_repair.test_runner import RecordChannel, pytest_command
+from environments.code_repair.test_runner import RecordChannel, pytest_command, require_started
 
 SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) (\S+)")
 FAILURE_HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
@@ -103,6 +103,8 @@ def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), 
         return TestRun(frozenset(), frozenset(), time.monotonic() - start, output, timed_out=True)
     finally:
         records = channel.close() if channel else None
+    if records:
+        require_started(records[0], result.stderr)
     outcomes: dict[str, set] = {"PASSED": set(), "FAILED": set(), "ERROR": set()}
     for line in result.stdout.splitlines():
         match = SUMMARY_LINE.match(line)

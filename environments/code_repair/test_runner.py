@@ -62,6 +62,15 @@ def sandbox_command(root: Path, record_fd: int, runner_args: Sequence[str]) -> l
     ]
 
 
+def require_started(records: list[dict], stderr: str) -> None:
+    """Raise when the sandbox never ran the runner (its first record, written before any code under test, is
+    missing): bubblewrap failed, and grading the run would score every test as not passed."""
+    if not any(record.get("started") for record in records):
+        cause = stderr.strip().splitlines()[0] if stderr.strip() else "no output"
+        raise TraceRayError(f"the code_repair test sandbox did not start ({cause}); bubblewrap must be able to run "
+                            f"{sys.executable} and read its environment: run make install-sandbox")
+
+
 def pytest_command(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), record_fd: int | None = None) -> tuple[list[str], Path]:
     """(argv, working directory) of a pytest run over ``paths`` in the working copy ``root``: sandboxed and watched by
     the witness when ``record_fd`` is given, else a plain run (code nobody edited)."""

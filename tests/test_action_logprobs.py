@@ -213,8 +213,9 @@ def test_smollm2_shared_prefix_equals_whole_sequences(dtype):
     the members' gradients of the prefix before those float32 steps, the whole path after (measured 1.5e-6 of 8.7).
     float32 with SDPA (the training path): within float32's rounding of a 49k-way log-softmax of logits ~20 (gathering
     the hidden states before lm_head alone moves a log-prob by ~1.3e-5, and the rounding changes with the threads free):
-    log-probs within 1e-4, gradients within 1e-5 of the largest gradient (measured: 2.3e-5, and 4.0e-5 on a loaded CI
-    machine, on log-probs of -6 to -20; 4.3e-5 on gradients up to 8.1)."""
+    log-probs within 2e-4, gradients within 5e-5 of the largest gradient (measured: 2.3e-5, and 4.0e-5 on a loaded CI
+    machine, on log-probs of -6 to -20; 4.3e-5, and 1.0e-4 loaded, on gradients up to 8.7). A wrong shared path is off
+    by a share of the gradient itself, hundreds of times more."""
     policy = policy_of("smollm2_135m").to(dtype)
     if dtype == torch.float64:
         policy.get_base_model().set_attn_implementation("eager")
@@ -223,7 +224,7 @@ def test_smollm2_shared_prefix_equals_whole_sequences(dtype):
     expected, expected_grads = with_gradients(policy, lambda: whole_sequence_logprobs(policy, rows))
     found, grads = with_gradients(policy, lambda: scorer(rows, shared_prefix=True)[0])
     scale = max(gradient.abs().max() for gradient in expected_grads)
-    tolerances = ((1e-9, 0.0), (1e-6 * scale, 0.0)) if dtype == torch.float64 else ((1e-4, 0.0), (1e-5 * scale, 0.0))
+    tolerances = ((1e-9, 0.0), (1e-6 * scale, 0.0)) if dtype == torch.float64 else ((2e-4, 0.0), (5e-5 * scale, 0.0))
     (atol, rtol), (grad_atol, grad_rtol) = tolerances
     assert torch.allclose(found, expected, atol=atol, rtol=rtol), (found - expected).abs().max()
     for mine, theirs in zip(grads, expected_grads):

@@ -61,7 +61,7 @@ install-bench: $(BENCH_STAMP)
 
 demo: install
 	$(VENV)/bin/trace-ray pipeline run_dir=runs/demo model=smollm2_135m env=device budget=demo
-	@echo "The demo shows every stage working on a small budget; the evidence run (budget=evidence) is in docs/results/device-smollm2/"
+	@echo "The demo shows every stage working on a small budget; the evidence run (budget=evidence) is in docs/results/device-smollm2-256/"
 
 # The suite runs on TEST_WORKERS pytest-xdist workers, each with its own local Ray; a file's tests stay on
 # one worker, so module fixtures (one finished pipeline run, one Serve app) are built once. TEST_WORKERS=0: one process.
@@ -74,8 +74,9 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q $(PYTEST_WORKERS) -m 'not slow and not integration'
 
+# the slow tests wait more than they compute (Ray start-up, pip, subprocesses): 34 min on 2 workers, 45-51 on one
 test-slow: install
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m slow
 
 # docs/configuration.md from conf/ and trace_ray/config.py (a test fails when it is out of date)
 docs: install

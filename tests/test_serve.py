@@ -352,14 +352,17 @@ def wait_for_replicas(app: str, count: int = 2) -> None:
     raise AssertionError(f"{app} did not get back to {count} LLM replicas in {REPLICA_RESTART_S} s: {states}")
 
 
-def busiest_replica(app: str) -> psutil.Process:
-    """The LLM replica of ``app`` generating a reply: the one that used the most CPU in half a second, by far."""
+def busiest_replica(app: str, windows: int = 6) -> psutil.Process:
+    """The LLM replica of ``app`` generating a reply: the one that used by far the most CPU in a half-second window
+    (up to ``windows`` tries: beside the other test worker the generating replica has had as little as 0.1 s)."""
     processes = llm_replicas(app)
-    before = [sum(process.cpu_times()[:2]) for process in processes]
-    time.sleep(0.5)
-    used = sorted((sum(process.cpu_times()[:2]) - start, index) for index, (process, start) in enumerate(zip(processes, before)))
-    assert used[-1][0] > 0.1 and used[-1][0] > 3 * used[-2][0], f"no replica stands out as the busy one: {used}"
-    return processes[used[-1][1]]
+    for _ in range(windows):
+        before = [sum(process.cpu_times()[:2]) for process in processes]
+        time.sleep(0.5)
+        used = sorted((sum(process.cpu_times()[:2]) - start, index) for index, (process, start) in enumerate(zip(processes, before)))
+        if used[-1][0] >= 0.05 and used[-1][0] > 3 * used[-2][0]:
+            return processes[used[-1][1]]
+    raise AssertionError(f"no replica stands out as the busy one in {windows} half-second windows: {used}")
 
 
 def sse(line: str) -> dict | str:

@@ -6,10 +6,11 @@ builds the command). The script first sets the resource limits (``LIMITS``,
 JSON) and reads one line from stdin, the run's nonce (in ``calls`` mode a
 second line: the calls, JSON). Then, before any code under test is
 imported, it records that it started (a run without that record never
-ran: the grader raises instead of grading it) and holds the record channel: ``RECORD_FD``, the write end of a
-pipe the grader reads outside the sandbox, where it writes JSON lines that
-each carry the nonce. What the code under test prints never goes there, and
-nothing in the sandbox can read back or rewrite what was written.
+ran: the grader raises instead of grading it) and holds the record
+channel: ``RECORD_FD``, the write end of a pipe the grader reads outside
+the sandbox, where it writes JSON lines that each carry the nonce. What
+the code under test prints never goes there, and nothing in the sandbox
+can read back or rewrite what was written.
 
 - ``pytest``: pytest runs with :class:`Witness` registered first. The
   witness records the collected test ids, then each test as its setup and

@@ -103,7 +103,7 @@ def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), 
         return TestRun(frozenset(), frozenset(), time.monotonic() - start, output, timed_out=True)
     finally:
         records = channel.close() if channel else None
-    if records:
+    if channel:
         require_started(records[0], result.stderr)
     outcomes: dict[str, set] = {"PASSED": set(), "FAILED": set(), "ERROR": set()}
     for line in result.stdout.splitlines():

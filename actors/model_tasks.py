@@ -11,9 +11,19 @@ on storage the driver reads, as ``run_dir`` is on a cluster.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
+
+from actors.ray_connection import connect_ray
+from actors.remote_errors import task_error
+from environments.protocol import Environment
 from trace_ray.config import TraceConfig
+from trace_ray.console import console
+from trace_ray.evaluation.option_rollouts import play_options_here
+from trace_ray.evaluation.played_episodes import Played
+from trace_ray.resources import Role, check_placement, cluster_nodes
+from trace_ray.routing.logit_router import BASE
 
 
 def model_task_resources(config: TraceConfig) -> dict[str, float]:
@@ -25,9 +35,6 @@ def on_model_worker(config: TraceConfig, function: Callable[..., Any], *args: An
     """``function(*args)`` run as a Ray task with :func:`model_task_resources`; its one-line errors stay one line."""
     import ray
 
-    from actors.rollout_coordinator import connect_ray, task_error
-    from trace_ray.resources import Role, check_placement, cluster_nodes
-
     connect_ray(config)
     resources = model_task_resources(config)
     role = Role("model task", 1, resources["num_cpus"], resources["num_gpus"], "rollout.worker_cpus / rollout.worker_gpus")
@@ -37,3 +44,30 @@ def on_model_worker(config: TraceConfig, function: Callable[..., Any], *args: An
         return ray.get(task.remote(*args))
     except ray.exceptions.RayTaskError as exc:
         raise task_error(exc) from None
+
+
+def play_options(
+    config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
+    with_base: bool = True, make_engine_here: Callable[[], Any] | None = None, known: Played | None = None,
+) -> Played:
+    """Seed -> option (``base`` and each adapter name) -> its greedy episode, played on a Ray model worker
+    (``actors/model_tasks.py``: the driver loads no weights).
+
+    ``make_engine_here``: builds the engine to use in the worker (for instance a gated mixture-of-experts engine)
+    instead of the configured one. ``known``: episodes already played (:mod:`trace_ray.evaluation.played_episodes`);
+    only the others are played.
+    """
+    names = ([BASE] if with_base else []) + list(adapters)
+    known = known or {}
+    pairs = [(seed, name) for seed in seeds for name in names if name not in known.get(seed, {})]
+    reused = len(seeds) * len(names) - len(pairs)
+    console.print(
+        f"greedy episodes: {len(seeds)} tasks x {len(names)} options"
+        + (f", {reused} already played, {len(pairs)} to play" if reused else "") + " on a Ray model worker"
+    )
+    played: Played = {seed: {name: known[seed][name] for name in names if name in known.get(seed, {})} for seed in seeds}
+    if pairs:
+        fresh = on_model_worker(config, play_options_here, config, make_env, adapters, pairs, make_engine_here)
+        for seed, results in fresh.items():
+            played[seed].update(results)
+    return played

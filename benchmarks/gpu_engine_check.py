@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.engines import SamplingParams, make_engine
 
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "lora_dropout": 0.0}

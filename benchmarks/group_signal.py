@@ -21,7 +21,7 @@ from math import comb
 
 from environments.device.synthetic import DeviceTemplateEnvironment
 from trace_ray.agent_prompt import AgentPrompt
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.console import print_table
 from trace_ray.engines import SamplingParams, make_engine
 from trace_ray.rollout_loop import EpisodeTask, LocalBackend, run_rollouts

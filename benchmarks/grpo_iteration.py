@@ -9,7 +9,7 @@ no KL (beta 0) and the same reward function:
   (ours) the pieces of ``trace-ray train`` without Ray Train's startup: the HF
          engine (``make_engine``) generates the G x K completions with the
          adapter it was last synced (rollout s, with the rewards and
-         ``training_rows``); ``update()`` of ``trace_ray/training/train_loop.py``
+         ``training_rows``); ``update()`` of ``trace_ray/training/grpo_iteration.py``
          trains the ``trainable_model`` PEFT policy, one minibatch of G*K
          trajectories (update s); ``engine.load_adapter`` takes the new weights
          (sync s). Groups with equal rewards are dropped, as in training.
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.config import TraceConfig
 from trace_ray.console import print_table
 
@@ -171,7 +171,7 @@ def run_ours(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: 
     from trace_ray.training.groups import training_rows
     from trace_ray.training.lora_model import adapter_weights, lora_parameters, peft_settings, trainable_model
     from trace_ray.training.action_logprobs import ActionLogprobs
-    from trace_ray.training.train_loop import update
+    from trace_ray.training.grpo_iteration import update
 
     grpo = config.grpo
     engine = make_engine(config.model, config.engine)

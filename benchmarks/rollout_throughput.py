@@ -28,7 +28,7 @@ from concurrent.futures import Future
 import torch
 
 from trace_ray.agent_prompt import AgentPrompt
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.console import print_table
 from trace_ray.engines import Generation, SamplingParams, make_engine
 from trace_ray.environment_setup import environment_maker
@@ -85,7 +85,9 @@ def main() -> None:
 
     import ray
 
-    from actors.rollout_coordinator import RayRolloutBackend, connect_ray, start_pool
+    from actors.ray_connection import connect_ray
+
+    from actors.rollout_pool import RayRolloutBackend, start_pool
 
     connect_ray(config)
     pool = start_pool(config)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from serve_latency import device_requests, write_demo_run
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.console import print_table
 
 

@@ -17,7 +17,7 @@ import time
 
 from environments.tool_environment import check_arguments
 from trace_ray.agent_prompt import AgentPrompt
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.console import print_table
 from trace_ray.engines import SamplingParams, make_engine
 from trace_ray.environment_setup import environment_maker

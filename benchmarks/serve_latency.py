@@ -44,7 +44,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.console import print_table
 
 CAPABILITIES = ["tool_calling_precision", "datetime_reasoning"]
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
     from ray import serve
 
-    from actors.rollout_coordinator import connect_ray
+    from actors.ray_connection import connect_ray
     from serve_apps.routed_agent import build_app, serve_plan
 
     args = parse_args(argv)

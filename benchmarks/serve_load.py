@@ -48,7 +48,7 @@ import httpx
 import psutil
 
 from serve_latency import device_requests, free_port, percentiles, write_demo_run
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.console import print_table
 
 APP = "serve_load"
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     import ray
     from ray import serve
 
-    from actors.rollout_coordinator import connect_ray
+    from actors.ray_connection import connect_ray
     from serve_apps.routed_agent import build_app, serve_plan
 
     args = parse_args(argv)

@@ -72,11 +72,11 @@ def measure(path: str, length: int, members: int, reply_tokens: int, model: str)
     """In this process: one update of ``path`` on the group; its peak memory increase and its seconds."""
     import torch
 
-    from trace_ray.cli import compose_config
+    from trace_ray.config_compose import compose_config
     from trace_ray.training.action_logprobs import ActionLogprobs
     from trace_ray.training.groups import TrainingRow
     from trace_ray.training.lora_model import lora_parameters, trainable_model
-    from trace_ray.training.train_loop import update
+    from trace_ray.training.grpo_iteration import update
 
     overrides = [f"model={model}", "lora.rank=16", f"grpo.mini_batch_size={members}", "grpo.max_tokens_per_micro_batch=1000000"]
     overrides.append(f"trainer.gradient_checkpointing={'true' if path == 'new+ckpt' else 'false'}")

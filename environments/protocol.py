@@ -20,6 +20,7 @@ An episode is deterministic given its seed and the assistant messages.
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,13 @@ Message = dict[str, Any]
 ToolSchema = dict[str, Any]
 
 SPLITS = ("analysis", "eval", "train")
+
+
+
+def tool_call_message(name: str, arguments: dict[str, Any], call_id: str) -> Message:
+    """An assistant message making one call of tool ``name`` (the moves of oracles and adversaries)."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
 @dataclass

@@ -77,7 +77,16 @@ from serve_apps.openai_chat import (
     stream_head,
 )
 from trace_ray.config import ServeConfig, TraceConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
+from trace_ray.agent_prompt import AgentPrompt
+from trace_ray.config_compose import compose_config
+from trace_ray.engines import SamplingParams
+from trace_ray.engines import make_engine
+from trace_ray.models import load_model
+from trace_ray.routing.adapters import read_peft_folder
+from trace_ray.routing.adapters import served_adapters
+from trace_ray.routing.lora_moe import moe_engine
+from trace_ray.routing.routers import build_router
 
 APP_NAME = "routed_agent"
 IMPORT_PATH = "serve_apps.routed_agent:app_builder"
@@ -137,11 +146,6 @@ class ChatLLM:
     def __init__(self, config: TraceConfig, adapters: list, moe: bool = False):
         import torch
 
-        from trace_ray.agent_prompt import AgentPrompt
-        from trace_ray.engines import make_engine
-        from trace_ray.routing.adapters import read_peft_folder
-        from trace_ray.routing.lora_moe import moe_engine
-
         torch.set_num_threads(config.serve.llm_threads or os.cpu_count() or 1)
         if moe:
             self.engine = moe_engine(config.model, config.engine, adapters, Path(config.run_dir) / "router" / "moe")
@@ -161,8 +165,6 @@ class ChatLLM:
         reason and token counts. Leaving early (a gone client, a timeout)
         ends the generation at its next token.
         """
-        from trace_ray.engines import SamplingParams
-
         prompt_ids = self.prompt.prompt_ids(chat.messages, chat.tools, [])
         if len(prompt_ids) + chat.max_tokens > self.max_context_tokens:
             raise RequestError(
@@ -212,9 +214,6 @@ class ConversationRouter:
 
     def __init__(self, config: TraceConfig, adapters: list):
         import torch
-
-        from trace_ray.models import load_model
-        from trace_ray.routing.routers import build_router
 
         torch.set_num_threads(config.serve.router_threads or os.cpu_count() or 1)  # Ray gives a fractional-CPU actor one thread
         model, tokenizer = load_model(config.model)
@@ -442,8 +441,6 @@ class ServePlan:
 
 def serve_plan(config: TraceConfig, run_dir: Path) -> ServePlan:
     """The adapters ``run_dir`` serves and the router in use; a missing adapters folder under a router is a one-line error."""
-    from trace_ray.routing.adapters import served_adapters
-
     folder = run_dir / "adapters"
     if config.router.name != "none" and not folder.is_dir():
         raise TraceRayError(f"router={config.router.name} routes between the adapters in {folder}, which does not exist; "
@@ -497,8 +494,6 @@ def build_app(config: TraceConfig, run_dir: Path):
 
 def app_builder(args: dict):
     """The application of a Serve config file: ``args`` holds ``run_dir`` and ``overrides`` (Hydra overrides of conf/)."""
-    from trace_ray.cli import compose_config
-
     run_dir = args.get("run_dir")
     if not run_dir:
         raise TraceRayError(

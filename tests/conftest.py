@@ -1,6 +1,6 @@
 import pytest
 
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.models import load_model
 
 

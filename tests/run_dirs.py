@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from environments.self_checks import oracle, play_recorded
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.training.lora_model import export_adapter, trainable_model
 
 

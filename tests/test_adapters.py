@@ -4,7 +4,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.engines import SamplingParams
 from trace_ray.engines.hf import AdapterNotLoadedError, HFEngine
 from trace_ray.models import load_model
@@ -95,9 +95,9 @@ def test_a_running_generation_keeps_the_version_it_started_with(engine):
 def test_rollout_worker_actor_loads_and_verifies_adapters(ray_session):
     import ray
 
-    from actors.rollout_coordinator import RayRolloutBackend, RolloutPool
+    from actors.rollout_pool import RayRolloutBackend, RolloutPool
     from actors.rollout_worker import RolloutWorker
-    from trace_ray.errors import TraceRayError
+    from environments.errors import TraceRayError
 
     config = compose_config("score", ["model=tiny_random"])
     worker = ray.remote(RolloutWorker).options(num_cpus=0.5).remote(config.model, config.engine, 1)

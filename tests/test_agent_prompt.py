@@ -3,7 +3,7 @@ import copy
 import pytest
 
 from trace_ray.agent_prompt import AgentPrompt, render_tool_line, template_supports_tools
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 TOOLS = [
     {

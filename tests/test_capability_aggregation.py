@@ -33,7 +33,7 @@ from trace_ray.capabilities.run_files import (
     validate_run,
     write_run_file,
 )
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 FAILED = [f"f{i}" for i in range(10)]  # F = 10
 PASSED = [f"p{i}" for i in range(10)]  # P = 10

@@ -12,9 +12,11 @@ from environments.device.clock import clock_text, date_text, to_datetime
 from environments.device.environment import DeviceEnvironment
 from environments.device.scenarios import make_scenario
 from environments.protocol import Environment
-from trace_ray.capabilities.rules import CATALOGUE, CODE_REPAIR_DETECTORS, label_trajectories
+from environments.capabilities import CAPABILITIES, CODE_REPAIR_CAPABILITIES
+from trace_ray.capabilities.rules import CATALOGUE, label_trajectories
+from trace_ray.capabilities.rules import DETECTORS as RULE_DETECTORS
 from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 DETECTORS = DeviceEnvironment().capability_detectors()
 ANALYSIS = DeviceEnvironment().task_seeds("analysis")
@@ -112,7 +114,9 @@ def test_the_oracle_lacks_nothing_on_the_analysis_split():
 def test_every_detector_is_needed_by_some_analysis_task():
     needed = {name for seed in ANALYSIS for name in evidence_of(seed)["needs"]}
     assert set(DETECTORS) == needed
-    assert set(CATALOGUE) == set(DETECTORS) | set(CODE_REPAIR_DETECTORS)  # the device's and code repair's, nothing else
+    assert set(CATALOGUE) == set(DETECTORS) | set(CODE_REPAIR_CAPABILITIES)  # the device's and code repair's, nothing else
+    assert set(RULE_DETECTORS) == set(CAPABILITIES)  # one detector for each capability of the environments' catalogue
+    assert all(CATALOGUE[name].description == CAPABILITIES[name] for name in CATALOGUE)
 
 
 def test_tasks_that_do_not_need_a_capability_are_na():

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from trace_ray.cli import compose_config, main, sweep_jobs
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config, sweep_jobs
 from trace_ray.config import TraceConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 
 def test_default_config_is_typed_and_points_at_the_embedded_model():
@@ -168,7 +169,7 @@ def test_multirun_runs_every_job(tmp_path, capsys):
 
 
 def test_installed_entry_point_runs():
-    done = subprocess.run([sys.executable, "-m", "trace_ray.cli", "score", "env=missing"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "trace_ray.app.cli", "score", "env=missing"], capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.strip() == "trace-ray: error: unknown env 'missing'; choose one of: code_repair, device, swebench, synthetic, tau2_airline, tau2_retail (env=NAME)"
 

@@ -103,7 +103,7 @@ def test_a_unified_diff_becomes_one_edit_per_hunk():
 
 
 def test_without_its_tasks_the_environment_says_how_to_get_them(tmp_path, monkeypatch, capsys):
-    from trace_ray.cli import main
+    from trace_ray.app.cli import main
 
     monkeypatch.setenv("TRACE_RAY_CACHE", str(tmp_path))
     assert main(["check-env", "env=code_repair", "limit=1"]) == 1
@@ -119,12 +119,13 @@ def scripted(steps):
 
 def labels_of(env, seed, steps):
     from environments.self_checks import play_recorded
-    from trace_ray.capabilities.rules import CODE_REPAIR_DETECTORS, label_trajectories
+    from environments.capabilities import CODE_REPAIR_CAPABILITIES
+    from trace_ray.capabilities.rules import label_trajectories
     from trace_ray.capabilities.trajectories import Trajectory
 
     messages, _, last = play_recorded(env, seed, scripted(steps))
     trajectory = Trajectory("t#0", "t", "code_repair", seed, "", last.reward == 1.0, last.reward, messages, last.info, "submitted")
-    labels = label_trajectories([trajectory], {"t": env.capability_evidence(seed)}, list(CODE_REPAIR_DETECTORS))
+    labels = label_trajectories([trajectory], {"t": env.capability_evidence(seed)}, list(CODE_REPAIR_CAPABILITIES))
     return {name: by_id["t#0"] for name, by_id in labels.items()}, last.reward
 
 
@@ -157,7 +158,7 @@ def test_code_repair_capabilities_are_present_in_a_careful_fix_and_lacking_where
 def test_a_task_folder_on_a_local_package_is_env_code_repair_with_env_tasks_dir(tmp_path, shapes):  # noqa: F811
     from environments.code_repair.sources import write_task_folder
     from environments.self_checks import oracle, play
-    from trace_ray.cli import compose_config
+    from trace_ray.config_compose import compose_config
     from trace_ray.environment_setup import environment_maker
 
     tasks = build_tasks(SHAPES, shapes, digest="d" * 64, count=2, seed=1)
@@ -173,7 +174,7 @@ def test_a_task_folder_on_a_local_package_is_env_code_repair_with_env_tasks_dir(
     (("tasks.jsonl", "packages.json"), "does not describe"),
 ])
 def test_a_bad_task_folder_is_one_line_naming_what_is_missing(tmp_path, capsys, written, message):
-    from trace_ray.cli import main
+    from trace_ray.app.cli import main
 
     for name in written:
         (tmp_path / name).write_text('{"repo": "pypi/other"}\n' if name == "tasks.jsonl" else "[]")

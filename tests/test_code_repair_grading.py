@@ -22,7 +22,7 @@ from environments.code_repair.synthetic_templates import hidden_calls, make_task
 from environments.code_repair.tasks import build_tasks, run_tests
 from environments.code_repair.test_runner import RecordChannel, sandbox_command
 from environments.self_checks import oracle, play
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from tests.test_code_repair_tasks import SHAPES, TESTS, shapes  # noqa: F401  (the package fixture)
 
 ORIGINAL = "import re\n\n\ndef first_word(text, limit=3):\n    words = re.findall(r'\\w+', text)\n    return words[0][:limit] if words else ''\n"

@@ -10,7 +10,7 @@ from environments.code_repair.synthetic_templates import TEMPLATES
 from environments.code_repair.tasks import build_tasks
 from tests.test_code_repair_tasks import SHAPES, shapes  # noqa: F401  (the package fixture)
 from tests.test_pipeline import MINIMAL, seed_collection, stages_of
-from trace_ray.cli import main
+from trace_ray.app.cli import main
 
 
 @pytest.mark.slow

@@ -135,7 +135,7 @@ def test_sandboxed_runs_see_the_same_outcomes_and_cannot_write_outside_the_worki
 
 def test_without_the_sandbox_edited_code_is_never_run(shapes, monkeypatch):
     from environments.code_repair import test_runner
-    from trace_ray.errors import TraceRayError
+    from environments.errors import TraceRayError
 
     monkeypatch.setattr(test_runner, "bubblewrap_problem", lambda: "bubblewrap (bwrap) is not installed")
     with pytest.raises(TraceRayError, match="only in the sandbox, and bubblewrap \\(bwrap\\) is not installed; run make install-sandbox"):

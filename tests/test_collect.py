@@ -6,11 +6,12 @@ import sys
 
 import pyarrow.parquet as pq
 
-from actors.rollout_coordinator import RayRolloutBackend, start_pool, wait_until_alive
+from actors.rollout_pool import RayRolloutBackend, start_pool, wait_until_alive
 from environments.self_checks import play_recorded
 from trace_ray.agent_prompt import AgentPrompt
-from trace_ray.cli import compose_config, main
-from trace_ray.commands.collect import collection_manifest
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
+from trace_ray.app.collect import collection_manifest
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker
 from trace_ray.models import load_tokenizer
@@ -115,7 +116,7 @@ def test_collection_manifest_names_what_the_trajectories_are():
 
 
 def test_unreachable_ray_address_is_one_clear_error(tmp_path):
-    command = [sys.executable, "-m", "trace_ray.cli", "collect", *TINY, "limit=1", "ray.address=127.0.0.1:9", f"run_dir={tmp_path}"]
+    command = [sys.executable, "-m", "trace_ray.app.cli", "collect", *TINY, "limit=1", "ray.address=127.0.0.1:9", f"run_dir={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("trace-ray: error: cannot reach a Ray cluster at 127.0.0.1:9")

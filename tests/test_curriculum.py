@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from environments.synthetic.factory import synthetic_levels
-from trace_ray.cli import compose_config
-from trace_ray.errors import TraceRayError
+from trace_ray.config_compose import compose_config
+from environments.errors import TraceRayError
 from trace_ray.training.curriculum import at_level, next_level
 
 LEVELS = [0, 1, 2, 3, 4, 5]

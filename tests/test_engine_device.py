@@ -33,7 +33,7 @@ def test_the_device_follows_the_gpus_ray_assigned_not_the_gpus_visible(monkeypat
 
 
 def test_the_trainer_loads_dtype_auto_as_float32_on_the_cpu():
-    from trace_ray.cli import compose_config
+    from trace_ray.config_compose import compose_config
     from trace_ray.training.lora_model import trainable_model
 
     config = compose_config("train", ["model=tiny_random", "model.dtype=auto"])

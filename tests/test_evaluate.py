@@ -9,7 +9,8 @@ import pytest
 
 from tests.run_dirs import write_capability_run
 from tests.test_route import TINY
-from trace_ray.cli import compose_config, main
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
 from trace_ray.evaluation.report import MethodScores, evaluation_report, report_markdown, report_rows
 from trace_ray.evaluation.statistics import paired_comparison
 from trace_ray.training.lora_model import export_adapter, trainable_model

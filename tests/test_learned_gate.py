@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trace_ray.cli import compose_config
-from trace_ray.errors import TraceRayError
+from trace_ray.config_compose import compose_config
+from environments.errors import TraceRayError
 from trace_ray.models import load_model
 from trace_ray.routing.learned_gate import LearnedRouter, fit_gate, gate_decisions, load_gate, pooled_features, save_gate
 from tests.conftest import model_config

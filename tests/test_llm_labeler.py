@@ -15,7 +15,7 @@ from trace_ray.capabilities.llm_labeler import (
     CUT_MARKER, LabelerError, compact_trajectory, label_trajectories_llm, labeling_request, propose_candidates,
 )
 from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.llm_client import LLMClient, LLMEndpointError
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from environments.synthetic.sandbox import SandboxedEnvironment, SandboxError, SandboxLimits
 from tests.test_llm_labeler import server  # noqa: F401  (the fixture of a replaying OpenAI-compatible endpoint)
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.synthesis.llm_synthesis import (
     GenerationRequest, SynthesisError, default_protocol_text, extract_module, generation_messages, sandbox_admission,
     synthesize_module,

@@ -353,7 +353,7 @@ def test_prompts_batched_after_a_head_must_share_it(tiny_model):
 
 
 def test_the_router_scores_a_peft_model_with_its_adapters_disabled(tiny_model):
-    from trace_ray.cli import compose_config
+    from trace_ray.config_compose import compose_config
     from trace_ray.training.lora_model import trainable_model
 
     network, tokenizer = tiny_model

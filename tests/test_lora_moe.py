@@ -8,10 +8,10 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import save_file
 
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.engines import SamplingParams
 from trace_ray.engines.hf import HFEngine
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.models import load_model
 from trace_ray.routing.adapters import TrainedAdapter
 from trace_ray.routing.lora_moe import BASE, MoERouter, fit_moe, gate_model, load_moe, moe_engine, prompt_ids, save_moe

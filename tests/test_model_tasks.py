@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.run_dirs import write_capability_run
-from trace_ray.cli import main
+from trace_ray.app.cli import main
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8", "model.sampling.max_new_tokens=8"]
 

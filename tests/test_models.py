@@ -4,8 +4,8 @@ import sys
 import pytest
 import torch
 
-from trace_ray.cli import main
-from trace_ray.errors import TraceRayError
+from trace_ray.app.cli import main
+from environments.errors import TraceRayError
 from trace_ray.models import converted_model_dir, load_model
 from tests.conftest import model_config
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.run_dirs import episode_row, played_episode
-from trace_ray.cli import compose_config, main
-from trace_ray.commands import collect
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
+from trace_ray.app import collect
 from trace_ray.run_manifest import MANIFEST
 from trace_ray.run_storage import RunStorage
 from trace_ray.trajectory_store import TrajectoryStore
@@ -138,7 +139,7 @@ def test_a_stored_run_is_pulled_into_an_empty_run_dir_and_each_rerun_stage_is_pu
 
 
 def test_an_unreachable_cluster_is_a_one_line_error(tmp_path):
-    command = [sys.executable, "-m", "trace_ray.cli", "pipeline", f"run_dir={tmp_path}", *MINIMAL, "ray.address=127.0.0.1:1"]
+    command = [sys.executable, "-m", "trace_ray.app.cli", "pipeline", f"run_dir={tmp_path}", *MINIMAL, "ray.address=127.0.0.1:1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)  # a fresh process: no Ray running yet
     assert done.returncode == 1
     assert "cannot reach a Ray cluster at 127.0.0.1:1" in done.stderr and done.stderr.count("\n") == 1
@@ -183,7 +184,7 @@ def test_grpo_on_the_target_is_matched_to_the_rollouts_of_the_adapters_trace_rou
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trace_ray.commands.pipeline import matched_budget
+    from trace_ray.app.pipeline import matched_budget
 
     entries = [{"name": name, "status": "OUT_OF_BAND", "environment": f"synthetic/{name}"} for name in ("kept", "stale", "untrained")]
     (tmp_path / "capabilities").mkdir()
@@ -199,7 +200,7 @@ def test_grpo_on_the_target_is_matched_to_the_rollouts_of_the_adapters_trace_rou
 
 
 def test_a_larger_eval_split_leaves_collection_up_to_date_and_makes_route_and_evaluate_stale(tmp_path):
-    from trace_ray.commands.pipeline import STAGES, fingerprint
+    from trace_ray.app.pipeline import STAGES, fingerprint
     from trace_ray.run_manifest import RunManifest
 
     manifest = RunManifest(tmp_path, {"model": "tiny_random", "env": "device"})

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from trace_ray.cli import compose_config
+from trace_ray.config_compose import compose_config
 from trace_ray.evaluation.played_episodes import load_played, option_context, option_contexts, save_played
 from trace_ray.rollout_loop import EpisodeResult
 from trace_ray.trajectory import TokenRecord

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from trace_ray.cli import compose_config
-from trace_ray.errors import TraceRayError
+from trace_ray.config_compose import compose_config
+from environments.errors import TraceRayError
 from trace_ray import resources
 from trace_ray.resources import Role, check_rollout_pool, fit_training, unplaced, wait_ready
 
@@ -79,7 +79,7 @@ def test_actors_that_never_come_up_are_reported_then_given_up_on(ray_session, mo
 def test_two_train_workers_train_on_a_two_core_ray(tmp_path):
     """The command that used to hang on this machine (the environment actor pending forever) trains to the end."""
     command = [
-        sys.executable, "-m", "trace_ray.cli", "train", f"run_dir={tmp_path}", "train_on=env", "env=device", "model=tiny_random",
+        sys.executable, "-m", "trace_ray.app.cli", "train", f"run_dir={tmp_path}", "train_on=env", "env=device", "model=tiny_random",
         "ray.num_cpus=2", "trainer.num_workers=2", "grpo.group_size=2", "grpo.groups_per_batch=2", "grpo.iterations=2",
         "grpo.max_resample_batches=0", "model.sampling.max_new_tokens=6", "ray.placement_timeout_s=300",
     ]
@@ -90,7 +90,7 @@ def test_two_train_workers_train_on_a_two_core_ray(tmp_path):
 
 
 def test_a_trainer_and_a_rollout_engine_share_one_gpu_when_each_asks_for_half(tmp_path):
-    from trace_ray.commands import train
+    from trace_ray.app import train
 
     shared = config(f"run_dir={tmp_path}", "train_on=env", "trainer.use_gpu=true", "trainer.gpus_per_worker=0.5",
                     "engine=hf", "rollout.worker_gpus=0.5")

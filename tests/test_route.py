@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from tests.run_dirs import write_capability_run
-from trace_ray.cli import compose_config, main
-from trace_ray.commands.route import confusion
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
+from trace_ray.app.route import confusion
 from trace_ray.environment_setup import environment_maker
 from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.models import load_model

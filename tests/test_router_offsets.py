@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.routing.logit_router import BASE
 from trace_ray.routing.offsets import OFFSETS_FILE, fit_offsets, load_offsets, offset_decisions, save_offsets
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trace_ray.config import GateConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.routing.auto_router import load_selection, save_selection
 from trace_ray.routing.selection import (
     FALLBACK, Candidate, Constant, RoutingRow, TaskFeatures, best_on_average, candidate_rules, choose, correct, cross_validate,

@@ -238,7 +238,7 @@ def test_check_agents_plays_the_named_agents_and_the_oracle_and_refuses_unknown_
     assert {"rewards within [0, 1]", "same seed, same task"} <= {r.name for r in results} and all(r.passed for r in results)
     with pytest.raises(ValueError, match="no self-check agent named nope; this environment's agents: do-nothing, wrong-action"):
         run_self_checks(DeviceEnvironment, seeds, agents=["nope"])
-    from trace_ray.cli import main
+    from trace_ray.app.cli import main
 
     assert main(["check-env", "env=device", "limit=1", "check_agents=[nope]"]) == 1
     err = capsys.readouterr().err

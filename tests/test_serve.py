@@ -30,7 +30,8 @@ from serve_apps.openai_chat import (
     BASE, ReplyText, RequestError, chat_completion, closing_chunks, conversation_key, reply_message, resolve_model, stream_head,
 )
 from serve_apps.routed_agent import ADAPTER_HEADER, ReplicaDeaths, RouteCache, app_builder, build_app
-from trace_ray.cli import compose_config, main
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
 
 CAPABILITIES = ["tool_calling_precision", "datetime_reasoning"]
 EXTRA = "extra_adapter"  # a PEFT folder no capability names: served when forced, never routed
@@ -552,10 +553,10 @@ def test_bad_serve_inputs_are_one_line_errors(tmp_path, capsys):
 
 
 def test_a_replica_that_fails_to_start_is_reported_in_one_line():
-    from trace_ray.commands.serve import deployment_error
+    from trace_ray.app.serve import deployment_error
 
     failure = RuntimeError("Deploying application routed_agent failed:\nTraceback (most recent call last):\n  File ...\n"
-                           "trace_ray.errors.TraceRayError: no synthetic environment for capability 'x'; run trace-ray synthesize first\n")
+                           "environments.errors.TraceRayError: no synthetic environment for capability 'x'; run trace-ray synthesize first\n")
     assert str(deployment_error(failure)) == (
         "the routed agent failed to start: no synthetic environment for capability 'x'; run trace-ray synthesize first"
     )

@@ -8,7 +8,8 @@ import pytest
 
 from environments.code_repair.adversaries import adversary
 from environments.self_checks import do_nothing, oracle, play
-from trace_ray.cli import compose_config, main
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
 from trace_ray.environment_setup import environment_maker
 from tests.test_code_repair_tasks import MODULE, TESTS
 

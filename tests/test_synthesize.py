@@ -7,9 +7,10 @@ import pytest
 from environments.device.facts import TextFact
 from environments.device.milestones import All, Reported, SettingIs
 from environments.device.synthetic_templates import TEMPLATES, DeviceTemplate
-from trace_ray.cli import compose_config, main
-from trace_ray.commands import synthesize, train
-from trace_ray.errors import TraceRayError
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
+from trace_ray.app import synthesize, train
+from environments.errors import TraceRayError
 from tests.test_llm_labeler import server  # noqa: F401  (the recorded OpenAI-compatible server)
 
 SETTINGS = ("wifi", "location_service", "cellular_service")

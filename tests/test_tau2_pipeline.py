@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.test_pipeline import MINIMAL, seed_collection, stages_of
-from trace_ray.cli import main
+from trace_ray.app.cli import main
 
 pytest.importorskip("tau2", reason="tau2-bench is not installed: make install-tau2")
 

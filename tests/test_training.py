@@ -11,16 +11,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trace_ray.cli import compose_config, main
-from trace_ray.commands import train
+from trace_ray.app.cli import main
+from trace_ray.config_compose import compose_config
+from trace_ray.app import train
 from trace_ray.engines import SamplingParams, make_engine
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.training.action_logprobs import ActionLogprobs, ScoredRow
 from trace_ray.training.grpo import policy_loss
 from trace_ray.training.groups import TrainingRow
 from trace_ray.training.lora_model import peft_settings, trainable_model
-from trace_ray.training.train_loop import BatchMailbox, TrainJob, batch_fits, iterations_done, train_loop_per_worker, update
-from trace_ray.training.weight_sync import WeightSyncError, sync_adapter
+from actors.train_worker import BatchMailbox, train_loop_per_worker
+from actors.weight_sync import WeightSyncError, sync_adapter
+from trace_ray.training.grpo_iteration import TrainJob, batch_fits, iterations_done, update
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
 PARITY = "tests.scripted_environments:ParityEnvironment"
@@ -205,15 +207,15 @@ SLOW_ROLLOUT_S = 10  # rank 0's extra time per batch of rollouts: past the colle
 
 def train_loop_with_slow_rollouts(loop_config: dict) -> None:
     """``train_loop_per_worker`` with each batch of rank 0's rollouts ``SLOW_ROLLOUT_S`` slower (run by every Ray Train worker)."""
-    from trace_ray.training.train_loop import TrainingRollouts
+    from actors.rollout_service import RolloutService
 
-    collect = TrainingRollouts.collect
+    groups = RolloutService.groups
 
-    def slow_collect(self, state, version):
+    def slow_groups(self, *args, **kwargs):
         time.sleep(SLOW_ROLLOUT_S)
-        return collect(self, state, version)
+        return groups(self, *args, **kwargs)
 
-    TrainingRollouts.collect = slow_collect  # in this worker's process only, which ends with the run
+    RolloutService.groups = slow_groups  # in this worker's process only, which ends with the run
     train_loop_per_worker(loop_config)
 
 
@@ -221,7 +223,7 @@ def train_loop_with_slow_rollouts(loop_config: dict) -> None:
 def test_two_ray_train_workers_keep_identical_replicas(tmp_path, ray_session, monkeypatch):
     """While rank 0 rolls out, rank 1 waits for the batch longer than trainer.collective_timeout_s: in the mailbox,
     which has no timeout (waiting in a gloo broadcast, as ranks did before, it fails the run with a collective timeout)."""
-    monkeypatch.setattr("trace_ray.training.train_loop.train_loop_per_worker", train_loop_with_slow_rollouts)
+    monkeypatch.setattr("trace_ray.app.train.train_loop_per_worker", train_loop_with_slow_rollouts)
     timeout = SLOW_ROLLOUT_S - 4
     config = parity_config(tmp_path, "grpo.iterations=2", "trainer.num_workers=2", "adapter=parity", f"trainer.collective_timeout_s={timeout}")
     train.run(config)
@@ -371,7 +373,7 @@ def test_the_run_name_changes_with_every_setting_that_shapes_the_adapter(tmp_pat
 
 
 def test_a_new_optional_setting_at_its_null_default_keeps_run_names_and_stage_fingerprints(tmp_path):
-    from trace_ray.commands.pipeline import STAGES, fingerprint
+    from trace_ray.app.pipeline import STAGES, fingerprint
     from trace_ray.run_manifest import RunManifest
 
     config = tiny_config(f"run_dir={tmp_path}", "train_on=env")
@@ -430,7 +432,7 @@ SWEEP = [
 def test_a_lora_rank_sweep_trains_an_adapter_of_each_rank_and_a_rerun_resumes_them(tmp_path):
     """``trace-ray train -m ... lora.rank=4,8`` in a fresh process, twice (the second job used to die with the first
     job's thread, which had started the local Ray, with exit status 1 and no message)."""
-    command = [sys.executable, "-m", "trace_ray.cli", "train", "-m", f"run_dir={tmp_path}", *SWEEP]
+    command = [sys.executable, "-m", "trace_ray.app.cli", "train", "-m", f"run_dir={tmp_path}", *SWEEP]
     folders = {rank: tmp_path / "adapters" / f"sweep__lora.rank-{rank}" for rank in (4, 8)}
     started = {}
     for attempt in range(2):
@@ -569,7 +571,7 @@ def test_capabilities_train_concurrently_when_the_cluster_holds_two_jobs(tmp_pat
         write_template_spec(tmp_path, name, 1)
     (tmp_path / "barrier").mkdir()
     (tmp_path / "barrier" / "jobs.json").write_text(json.dumps(names))
-    monkeypatch.setattr("trace_ray.training.train_loop.train_loop_per_worker", train_loop_after_every_job_arrived)
+    monkeypatch.setattr("trace_ray.app.train.train_loop_per_worker", train_loop_after_every_job_arrived)
     config = capability_config(tmp_path, "trainer.concurrent_jobs=2")
     # 1.6 CPUs a job; the session's Ray has 4 once earlier tests' actors are gone, which on a busy machine takes a while
     need, deadline = 2 * train.job_resources(config)["CPU"], time.monotonic() + 300

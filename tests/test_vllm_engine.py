@@ -13,7 +13,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict  # noqa: 
 
 from environments.device.environment import DeviceEnvironment  # noqa: E402
 from trace_ray.agent_prompt import AgentPrompt  # noqa: E402
-from trace_ray.cli import compose_config  # noqa: E402
+from trace_ray.config_compose import compose_config  # noqa: E402
 from trace_ray.engines import SamplingParams, make_engine  # noqa: E402
 from trace_ray.engines.hf import AdapterNotLoadedError  # noqa: E402
 from trace_ray.models import load_model  # noqa: E402

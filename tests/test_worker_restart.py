@@ -8,11 +8,11 @@ import ray
 import torch
 
 from actors.adapter_registry import AdapterRegistry, StoredWeights
-from actors.rollout_coordinator import start_pool
+from actors.rollout_pool import start_pool
 from actors.rollout_worker import RolloutWorker
-from trace_ray.commands import train
+from trace_ray.app import train
 from trace_ray.models import load_tokenizer
-from trace_ray.training.weight_sync import sync_adapter
+from actors.weight_sync import sync_adapter
 from tests.conftest import model_config
 from tests.scripted_environments import ParityEnvironment
 from tests.test_adapters import GREEDY, LORA, random_adapter

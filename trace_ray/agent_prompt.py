@@ -27,7 +27,7 @@ import json
 from typing import Any
 
 from environments.protocol import Message, ToolSchema
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.tool_call_parser import parse_assistant_text
 
 # Concrete names, not placeholders: the embedded model copies placeholders literally (measured).

@@ -14,7 +14,8 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
+from trace_ray.capabilities.aggregation import SelectionSettings
 
 MODEL_SOURCES = ("embedded", "random_init", "path")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: bfloat16 on a GPU, float32 on a CPU
@@ -487,7 +488,6 @@ def validate(config: TraceConfig) -> TraceConfig:
     timeout = config.ray.placement_timeout_s
     _require(timeout is None or timeout > 0, f"ray.placement_timeout_s must be > 0 seconds or null, got {timeout}")
     _require(config.train_on in ("capabilities", "env"), f"train_on={config.train_on!r} is not one of capabilities, env")
-    from trace_ray.capabilities.aggregation import SelectionSettings
 
     SelectionSettings(**vars(config.selection))  # the selection rules check their own values
     rollout = config.rollout

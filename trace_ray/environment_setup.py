@@ -7,8 +7,10 @@ from typing import Callable
 
 from environments.protocol import Environment
 from environments.registry import UnknownEnvironmentError, environment_factory
+from environments.tau2.package import Tau2NotInstalledError, tau2_module
 from trace_ray.config import TAU2_ENVS, EnvConfig, TraceConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
+from trace_ray.responders import judge_responder, user_responder
 
 
 def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
@@ -35,13 +37,12 @@ def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
     if env.name == "device":
         options.update((key, size) for key, size in (("analysis_size", env.analysis_size), ("eval_size", env.eval_size)) if size)
     if env.name in TAU2_ENVS:
-        from environments.tau2.package import Tau2NotInstalledError, tau2_module
-
         try:
             tau2_module("domains")
         except Tau2NotInstalledError as exc:
             raise TraceRayError(f"env={env.name}: {exc}") from None
-        options.update(user=env.user, judge=env.judge)
+        user = env.user
+        options.update(user=user_responder(user), user_temperature=(user.temperature or 0.0) if user else 0.0, judge=judge_responder(env.judge))
     return lambda: factory(**options)
 
 

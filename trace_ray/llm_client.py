@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 ERROR_CHARS = 200
 

@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from trace_ray.config import ModelConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 
 from trace_ray.config import TraceConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
+from trace_ray.console import console
 
 MIN_TRAIN_WORKER_CPUS = 0.05  # the least CPU share a Ray Train worker is lowered to
 REPORT_EVERY_S = 60.0  # how often a wait for actors that are not up says so
@@ -123,8 +124,6 @@ def wait_ready(references: list, what: str, roles: list[Role], timeout_s: float 
     """``ray.get(references)``, saying every ``REPORT_EVERY_S`` what is not up yet and what the cluster has free;
     a TraceRayError after ``timeout_s`` (None: wait on, still reporting)."""
     import ray
-
-    from trace_ray.console import console
 
     started = time.monotonic()
     pending = list(references)

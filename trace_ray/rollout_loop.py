@@ -12,7 +12,7 @@ seeded run makes the same random draws however episodes were scheduled.
 
 Where environments live and where tokens are generated is the backend's
 business: :class:`LocalBackend` runs both in this process (scoring, tests);
-the Ray backend in ``actors/rollout_coordinator.py`` uses rollout workers and
+the Ray backend in ``actors/rollout_pool.py`` uses rollout workers and
 environment actors. A backend that loses episodes (an environment actor
 died) reports them as ``None`` and the loop reruns them from the start, so
 no episode is lost or duplicated.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_ray.artifacts import write_json
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 MANIFEST = "manifest.json"
 PACKAGES = ("trace-ray", "torch", "transformers", "peft", "ray", "pyarrow")

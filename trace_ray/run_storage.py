@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.run_manifest import MANIFEST
 
 

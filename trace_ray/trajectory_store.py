@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_ray.artifacts import atomic_path, write_json
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeResult
 from trace_ray.trajectory import TokenRecord
 

@@ -24,10 +24,9 @@ import ast
 from pathlib import Path
 from typing import Callable
 
-from environments.code_repair.environment import tool_call
 from environments.code_repair.forgeries import PAYLOADS, payload
 from environments.code_repair.mutations import syntax_tree
-from environments.protocol import Message
+from environments.protocol import Message, tool_call_message
 
 PASSING_TEST = "def test_nothing_is_wrong():\n    assert True\n"
 DESELECT_ALL = "\n\ndef pytest_collection_modifyitems(config, items):\n    items.clear()\n"
@@ -118,8 +117,8 @@ def adversary(name: str) -> Callable:
         if turn < len(edits):
             path, text = edits[turn]
             old = path.read_text(encoding="utf-8")
-            return tool_call("replace_in_file", {"path": path.relative_to(env.workdir).as_posix(), "old": old, "new": text}, turn)
-        return tool_call("submit", {}, turn)
+            return tool_call_message("replace_in_file", {"path": path.relative_to(env.workdir).as_posix(), "old": old, "new": text}, f"call_{turn}_0")
+        return tool_call_message("submit", {}, f"call_{turn}_0")
 
     return policy
 

@@ -26,19 +26,21 @@ as SWE-bench predictions carry it).
 from __future__ import annotations
 
 import difflib
-import json
 import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from environments.capabilities import CODE_REPAIR_CAPABILITIES
+from environments.code_repair.adversaries import NAMES as ADVERSARY_NAMES
+from environments.code_repair.adversaries import adversary
 from environments.code_repair.edit_check import edit_problems
 from environments.code_repair.grading import Grade
 from environments.code_repair.mutations import iter_functions
 from environments.code_repair.sources import PackageSource, SWEBenchSource, TaskSource, patch_edits, patch_files
 from environments.code_repair.tasks import run_tests
-from environments.protocol import Message, StepResult
+from environments.protocol import Message, StepResult, tool_call_message
 from environments.tool_environment import Tool, ToolEnvironment, ToolError
 
 SPLITS = ("analysis", "eval")
@@ -53,12 +55,6 @@ POLICY = (
     "the problem, and call submit when the fix is done. Change as little as possible and do not edit the tests."
 )
 HUNK = re.compile(r"^@@ -(\d+)")
-
-
-def tool_call(name: str, arguments: dict, turn: int) -> Message:
-    """An assistant message making one call of tool ``name`` (the oracle's and the farmers' moves)."""
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"call_{turn}_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
 
 
 class CodeRepairEnvironment(ToolEnvironment):
@@ -254,15 +250,11 @@ class CodeRepairEnvironment(ToolEnvironment):
 
     # -- capabilities -------------------------------------------------------------------------
     def capability_detectors(self) -> list[str]:
-        from trace_ray.capabilities.rules import CODE_REPAIR_DETECTORS
-
-        return list(CODE_REPAIR_DETECTORS)
+        return list(CODE_REPAIR_CAPABILITIES)
 
     def capability_evidence(self, seed: int) -> dict[str, Any]:
         """Where the bug is (the gold patch's first changed line: its file, and the function around it in the buggy
         file, with its lines and text) and the tests that reveal it."""
-        from trace_ray.capabilities.rules import CODE_REPAIR_DETECTORS
-
         task = self.by_seed[seed]
         bug_file = patch_files(task["patch"])[0]
         buggy = self.source.buggy_text(task, bug_file)
@@ -270,14 +262,12 @@ class CodeRepairEnvironment(ToolEnvironment):
         around = [(last - first, name, first, last) for name, first, last in iter_functions(buggy) if first <= line <= last]
         _, function, first, last = min(around) if around else (0, "", line, line)
         return {
-            "needs": list(CODE_REPAIR_DETECTORS), "bug_file": bug_file, "bug_function": function, "function_lines": [first, last],
+            "needs": list(CODE_REPAIR_CAPABILITIES), "bug_file": bug_file, "bug_function": function, "function_lines": [first, last],
             "function_source": "\n".join(buggy.splitlines()[first - 1:last]), "fail_to_pass": list(task["FAIL_TO_PASS"]),
         }
 
     def adversaries(self) -> list[tuple[str, Any]]:
-        from environments.code_repair.adversaries import NAMES, adversary
-
-        return [(name, adversary(name)) for name in NAMES]
+        return [(name, adversary(name)) for name in ADVERSARY_NAMES]
 
     # -- the oracle ---------------------------------------------------------------------------
     def oracle_message(self) -> Message:
@@ -286,8 +276,8 @@ class CodeRepairEnvironment(ToolEnvironment):
         step, self._oracle_step = self._oracle_step, self._oracle_step + 1
         if step < len(edits):
             path, old, new = edits[step]
-            return tool_call("replace_in_file", {"path": path, "old": old, "new": new}, step)
-        return tool_call("submit", {}, step)
+            return tool_call_message("replace_in_file", {"path": path, "old": old, "new": new}, f"call_{step}_0")
+        return tool_call_message("submit", {}, f"call_{step}_0")
 
 
 def _first_changed_line(patch: str) -> int:

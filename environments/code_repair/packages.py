@@ -18,7 +18,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 
 @dataclass(frozen=True)

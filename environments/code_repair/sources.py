@@ -27,7 +27,7 @@ from pathlib import Path
 
 from environments.code_repair.grading import Grade, grade_with_pytest
 from environments.code_repair.packages import PACKAGES, Package, cache_dir, unpack
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 TASKS_FILE = "tasks.jsonl"
 PACKAGES_FILE = "packages.json"  # a task folder's packages: each one's fields and its unpacked tree ("root")

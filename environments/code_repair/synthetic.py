@@ -21,11 +21,11 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from environments.code_repair.environment import CodeRepairEnvironment, tool_call
+from environments.code_repair.environment import CodeRepairEnvironment
 from environments.code_repair.grading import Grade, grade_calls
 from environments.code_repair.sources import TaskSource
 from environments.code_repair.synthetic_templates import TEMPLATES, SyntheticTask, hidden_calls, make_task, outcomes, test_calls
-from environments.protocol import Message
+from environments.protocol import Message, tool_call_message
 from environments.synthetic.seeds import TemplateSeeds
 
 SPLIT_SEEDS = {"analysis": tuple(range(700_000, 700_032)), "eval": tuple(range(700_032, 700_064))}
@@ -119,7 +119,7 @@ class CodeRepairTemplateEnvironment(TemplateSeeds, CodeRepairEnvironment):
         script = self.task["synthetic"].oracle
         step, self._oracle_step = self._oracle_step, self._oracle_step + 1
         tool, arguments = script[min(step, len(script) - 1)]
-        return tool_call(tool, arguments, step)
+        return tool_call_message(tool, arguments, f"call_{step}_0")
 
     def capability_turns(self) -> list[int]:
         return [self.task["synthetic"].capability_turn]
@@ -129,7 +129,7 @@ class CodeRepairTemplateEnvironment(TemplateSeeds, CodeRepairEnvironment):
         if turn != synthetic.capability_turn:
             return None
         tool, arguments = synthetic.broken
-        return tool_call(tool, arguments, turn)
+        return tool_call_message(tool, arguments, f"call_{turn}_0")
 
     def capability_detectors(self) -> list[str]:
         return []

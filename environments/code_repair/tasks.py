@@ -27,6 +27,7 @@ from typing import Sequence
 from environments.code_repair.mutations import Mutation, mutations
 from environments.code_repair.packages import Package
 from environments.code_repair.test_runner import RecordChannel, pytest_command, require_started
+from environments.code_repair.packages import PACKAGES, cache_dir, sdist_digest, unpack
 
 SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) (\S+)")
 FAILURE_HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
@@ -230,8 +231,6 @@ def split_of(instance_id: str) -> str:
 
 def build_all(per_package: int = 17, seed: int = 0) -> Path:
     """Build the tasks of every pinned package into ``cache_dir()/tasks.jsonl`` (written whole, atomically)."""
-    from environments.code_repair.packages import PACKAGES, cache_dir, sdist_digest, unpack
-
     tasks = []
     with tempfile.TemporaryDirectory(prefix="code-repair-build-") as scratch:
         for package in PACKAGES:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from environments.synthetic.sandbox import NAMESPACES, NOBODY, bubblewrap_problem, system_binds
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 REPO = "/repo"  # the working copy inside the sandbox
 RUNNER = "/sandbox/runner.py"  # sandbox_runner.py inside the sandbox, read-only

@@ -33,7 +33,7 @@ from environments.device.state import SETTINGS, DeviceState
 from environments.protocol import Message
 from environments.device.vocabulary import CLOSE_RELATIONSHIPS, COMMON_RELATIONSHIPS, SETTING_NAMES, TEMPLATE_CHAT_MESSAGES
 from environments.tool_environment import EpisodeLog
-from trace_ray.capabilities.rules import CATALOGUE
+from environments.capabilities import CAPABILITIES
 
 DIFFICULTIES = (1, 2, 3, 4, 5)
 
@@ -643,7 +643,7 @@ WITH_LEVEL_0 = (0, *DIFFICULTIES)  # 0: steps of one call each, a level where Sm
 LEVEL_0_CAPABILITIES = ("tool_calling_precision", "multi_step_task_completion")
 
 TEMPLATES: dict[str, DeviceTemplate] = {
-    name: DeviceTemplate(name, CATALOGUE[name].description, build, WITH_LEVEL_0 if name in LEVEL_0_CAPABILITIES else DIFFICULTIES)
+    name: DeviceTemplate(name, CAPABILITIES[name], build, WITH_LEVEL_0 if name in LEVEL_0_CAPABILITIES else DIFFICULTIES)
     for name, build in (
         ("permission_error_recovery", _permission_error_recovery),
         ("datetime_reasoning", _datetime_reasoning),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from environments.protocol import Environment
+from environments.synthetic.sandbox import SandboxedEnvironment, SandboxLimits
 
 # target -> (its templates, the environment that plays them); a new target adds its pair here
 TEMPLATE_TARGETS: dict[str, tuple[str, str]] = {
@@ -49,7 +50,6 @@ def synthetic_environment(spec: str, difficulty: int | None = None, **options) -
     level = document["difficulty"] if difficulty is None else difficulty
     if document["source"] == "templates":
         return template_environment(document["target"], document["capability"], level, **options)
-    from environments.synthetic.sandbox import SandboxedEnvironment, SandboxLimits
 
     module = Path(spec).parent / document["module"]
     return SandboxedEnvironment(module, level, limits=SandboxLimits(**document["sandbox"]), **options)

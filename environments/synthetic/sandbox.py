@@ -74,7 +74,7 @@ from typing import Any
 
 from environments.protocol import Environment, Message, ResetResult, StepResult
 from environments.synthetic.sandbox_child import MEMORY_EXIT_STATUS
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # holds the environments package
 

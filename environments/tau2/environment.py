@@ -23,12 +23,15 @@ import json
 from typing import Any
 
 from environments.protocol import Message, StepResult
+from environments.responder import Responder
 from environments.tau2.judge import NLAssertionJudge
 from environments.tau2.package import agent_tools, domain_module, fresh_environment, tau2_module
 from environments.tau2.scoring import score_episode
 from environments.tau2.tasks import split_seeds, task_for_seed, train_seed
 from environments.tau2.user_simulator import GREETING, make_user, stop_tokens
 from environments.tool_environment import Tool, ToolEnvironment, ToolError
+from environments.tau2.capability_evidence import DETECTORS
+from environments.tau2.capability_evidence import tau2_capability_evidence
 
 TERMINATIONS = {"agent_reply": "user_stop", "max_turns": "max_steps", "too_many_errors": "too_many_errors"}  # ours -> τ²'s
 
@@ -62,16 +65,17 @@ def initial_environment(domain: str, task: Any) -> Any:
 class Tau2Environment(ToolEnvironment):
     def __init__(
         self, domain: str, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0,
-        user: Any | None = None, judge: Any | None = None,
+        user: Responder | None = None, user_temperature: float = 0.0, judge: Responder | None = None,
     ):
-        """``user``: an ``env.user`` config (None: the scripted user); ``judge``: an ``env.judge`` config (None or no base_url: off)."""
+        """``user``: the model that plays the task's user at ``user_temperature`` (None: the scripted user);
+        ``judge``: the model that grades the natural-language assertions (None: off)."""
         super().__init__(max_turns=max_turns, max_tool_calls_per_turn=max_tool_calls_per_turn)
         domain_module(domain)  # a missing package fails here, naming the install command
         self.domain = domain
         self.name = f"tau2_{domain}"
         self.success_threshold = success_threshold
-        self.user = make_user(user)
-        self.judge = NLAssertionJudge.from_settings(judge.base_url, judge.model, judge.api_key_env) if judge and judge.base_url else None
+        self.user = make_user(user, user_temperature)
+        self.judge = NLAssertionJudge(judge) if judge is not None else None
         self.max_errors = tau2_module("config").DEFAULT_MAX_ERRORS
         self.message_types = tau2_module("data_model.message")
         self.task: Any = None
@@ -156,13 +160,9 @@ class Tau2Environment(ToolEnvironment):
 
     # -- ground truth for the rule-based capability labeler ----------------------------------
     def capability_detectors(self) -> list[str]:
-        from environments.tau2.capability_evidence import DETECTORS
-
         return list(DETECTORS)
 
     def capability_evidence(self, seed: int) -> dict[str, Any]:
-        from environments.tau2.capability_evidence import tau2_capability_evidence
-
         return tau2_capability_evidence(self.domain, task_for_seed(self.domain, seed))
 
     # -- demonstrations ---------------------------------------------------------------------
@@ -192,7 +192,7 @@ class Tau2Environment(ToolEnvironment):
 
 
 def airline_environment(**options: Any) -> Tau2Environment:
-    """``env=tau2_airline`` (options: max_turns, max_tool_calls_per_turn, success_threshold, user, judge)."""
+    """``env=tau2_airline`` (options: max_turns, max_tool_calls_per_turn, success_threshold, user, user_temperature, judge)."""
     return Tau2Environment("airline", **options)
 
 

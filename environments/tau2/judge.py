@@ -1,4 +1,4 @@
-"""The judge of a task's natural-language assertions (``env.judge``): any OpenAI-compatible model.
+"""The judge of a task's natural-language assertions (``env.judge``): any model behind a :class:`Responder`.
 
 τ²-bench grades NL assertions with an LLM; its own grader needs litellm, so
 the prompt here is our own: the conversation, the numbered assertions, and
@@ -8,10 +8,9 @@ a JSON answer with one verdict per assertion, in order.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
-from trace_ray.llm_client import LLMClient
+from environments.responder import Responder
 
 SYSTEM_PROMPT = (
     "You grade a conversation between a customer-service agent and a customer against expected outcomes. "
@@ -35,12 +34,8 @@ def render_conversation(trajectory: list[Any]) -> str:
 
 
 class NLAssertionJudge:
-    def __init__(self, client: LLMClient):
+    def __init__(self, client: Responder):
         self.client = client
-
-    @classmethod
-    def from_settings(cls, base_url: str, model: str, api_key_env: str | None) -> "NLAssertionJudge":
-        return cls(LLMClient(base_url, model, os.environ.get(api_key_env or ""), config_key="env.judge", response_format="json_object"))
 
     def check(self, assertions: list[str], trajectory: list[Any]) -> list[dict[str, Any]] | None:
         """One ``{"assertion", "met", "reason"}`` per assertion, or None when the answer is not the requested JSON."""

@@ -7,9 +7,10 @@
   and with ``###STOP###`` when the agent's reply asks nothing (the task is
   done) or after ``SCRIPTED_USER_TURNS`` replies.
 - ``model``: a local model (a ``conf/model`` name, e.g. the agent's own base
-  model as in the paper) on our transformers engine, loaded once per process
-  and shared by every environment instance in it.
-- ``endpoint``: any OpenAI-compatible endpoint.
+  model as in the paper), loaded once per process by whoever builds the
+  environment (``trace_ray/responders.py``) and passed in as a
+  :class:`~environments.responder.Responder`.
+- ``endpoint``: any OpenAI-compatible endpoint, passed in the same way.
 
 ``model`` and ``endpoint`` play the scenario under τ²-bench's user-simulator
 guidelines (the package's ``simulation_guidelines.md``) and end the
@@ -19,18 +20,16 @@ message (``GREETING``) first.
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 from typing import Any
 
+from environments.responder import Responder
 from environments.tau2.package import tau2_module
 
 GREETING = "Hi! How can I help you today?"  # τ²-bench's first agent message of every conversation
 SCRIPTED_USER_TURNS = 10
 TRANSFER_TOOL = "transfer_to_human_agents"
 _CONFIRMATION = re.compile(r"\b(confirm|proceed|go ahead|shall i|should i|would you like me to)\b", re.IGNORECASE)
-USER_ENGINE_ROWS = 8  # generations a shared user-model engine batches together
 
 
 def stop_tokens() -> tuple[str, ...]:
@@ -92,9 +91,10 @@ def user_view(conversation: list[Any]) -> list[dict[str, str]]:
 
 
 class GuidedUser:
-    """A model playing the task's scenario under the package's guidelines; subclasses provide ``complete``."""
+    """A model (a :class:`Responder`) playing the task's scenario under the package's guidelines."""
 
-    def __init__(self, temperature: float):
+    def __init__(self, responder: Responder, temperature: float):
+        self.responder = responder
         self.temperature = temperature
         self.system = ""
         self.seed = 0
@@ -111,65 +111,9 @@ class GuidedUser:
     def _say(self, chat: list[dict[str, str]]) -> str:
         self.turns += 1
         messages = [{"role": "system", "content": self.system}, *chat]
-        return self.complete(messages, seed=self.seed * 1000 + self.turns).strip()
-
-    def complete(self, messages: list[dict[str, str]], seed: int) -> str:
-        raise NotImplementedError
+        return self.responder.chat(messages, seed=self.seed * 1000 + self.turns, temperature=self.temperature).strip()
 
 
-_ENGINES: dict[str, tuple[Any, Any]] = {}
-_ENGINES_LOCK = threading.Lock()
-
-
-def shared_engine(model_name: str) -> tuple[Any, Any]:
-    """(engine, tokenizer) of ``conf/model/<model_name>.yaml``, loaded once per process."""
-    with _ENGINES_LOCK:
-        if model_name not in _ENGINES:
-            from trace_ray.engines.hf import HFEngine
-            from trace_ray.models import load_model, model_config_by_name
-
-            network, tokenizer = load_model(model_config_by_name(model_name))
-            _ENGINES[model_name] = (HFEngine(network, tokenizer, max_batch_rows=USER_ENGINE_ROWS), tokenizer)
-        return _ENGINES[model_name]
-
-
-class ModelUser(GuidedUser):
-    def __init__(self, model_name: str, temperature: float, max_tokens: int):
-        super().__init__(temperature)
-        self.model_name = model_name
-        self.max_tokens = max_tokens
-
-    def complete(self, messages: list[dict[str, str]], seed: int) -> str:
-        from trace_ray.engines.base import SamplingParams
-
-        engine, tokenizer = shared_engine(self.model_name)
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompt = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-        generation = engine.generate([prompt], SamplingParams(self.temperature, 1.0, self.max_tokens, seed=seed))[0]
-        return tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-
-
-class EndpointUser(GuidedUser):
-    def __init__(self, client: Any, temperature: float):
-        super().__init__(temperature)
-        self.client = client
-
-    def complete(self, messages: list[dict[str, str]], seed: int) -> str:
-        return self.client.chat(messages, seed=seed, temperature=self.temperature)
-
-
-def make_user(settings: Any | None) -> ScriptedUser | GuidedUser:
-    """The user ``settings`` (an ``env.user`` config) describe; None: the scripted user."""
-    if settings is None or settings.kind == "scripted":
-        return ScriptedUser()
-    if settings.kind == "model":
-        return ModelUser(settings.model, settings.temperature, settings.max_tokens)
-    if settings.kind == "endpoint":
-        from trace_ray.llm_client import LLMClient
-
-        client = LLMClient(
-            settings.base_url, settings.model, os.environ.get(settings.api_key_env or ""),
-            config_key="env.user", response_format="text", max_tokens=settings.max_tokens,
-        )
-        return EndpointUser(client, settings.temperature)
-    raise ValueError(f"env.user.kind={settings.kind!r} is not one of scripted, model, endpoint")
+def make_user(responder: Responder | None, temperature: float = 0.0) -> ScriptedUser | GuidedUser:
+    """The scripted user (``responder`` None), or ``responder`` playing the user at ``temperature``."""
+    return ScriptedUser() if responder is None else GuidedUser(responder, temperature)

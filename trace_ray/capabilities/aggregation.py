@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from trace_ray.capabilities.run_files import RunFile, validate_run
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 UNDEFINED_RATE_POLICIES = ("zero", "fail")
 EXAMPLE_CASES = 8  # example_failed_cases per capability

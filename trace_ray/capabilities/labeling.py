@@ -27,7 +27,7 @@ from typing import Any
 from trace_ray.artifacts import write_json
 from trace_ray.capabilities.run_files import LABEL_LISTS, RunFile, write_run_file
 from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 LABELER_MANIFEST = "_labeler.json"
 CANDIDATES = "candidates.json"

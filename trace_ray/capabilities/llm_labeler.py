@@ -22,7 +22,7 @@ import re
 from typing import Any, Callable
 
 from trace_ray.capabilities.trajectories import LABELS, Trajectory
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.llm_client import LLMClient, one_line
 
 RESULT_CHARS = 300  # a tool call's arguments and result, each, in a compacted trajectory

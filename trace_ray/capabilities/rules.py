@@ -28,8 +28,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from environments.capabilities import CAPABILITIES
 from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 TIME_TOLERANCE_S = 60
 ASK_USER = "ask_user"
@@ -376,57 +377,22 @@ def minimal_change(trajectory: Trajectory, evidence: dict) -> str:
     return PRESENT if inside and all(inside) else LACKING
 
 
-CODE_REPAIR_DETECTORS = ("code_localisation", "failure_reproduction", "fix_verification", "edit_precision", "minimal_change")
-
-CATALOGUE: dict[str, Capability] = {
-    capability.name: capability
-    for capability in (
-        Capability(
-            "permission_error_recovery",
-            "After a tool call is refused by the environment's state (a permission or no-service error), "
-            "fix the blocking setting and retry the call.",
-            permission_error_recovery,
-        ),
-        Capability(
-            "datetime_reasoning",
-            "Turn relative or absolute dates and times into the right timestamp, and timestamps into the right date, time or weekday.",
-            datetime_reasoning,
-        ),
-        Capability(
-            "tool_calling_precision",
-            "Call the right tool with the argument values the user asked for (settings, names, numbers, message words).",
-            tool_calling_precision,
-        ),
-        Capability(
-            "multi_step_task_completion",
-            "Carry out every action of a request that asks for several, instead of stopping after the first.",
-            multi_step_task_completion,
-        ),
-        Capability(
-            "precondition_verification",
-            "Make the required checks (look up the contact or reminder, read the clock, ask which one) before changing state.",
-            precondition_verification,
-        ),
-        Capability(
-            "structured_data_reasoning",
-            "Pick the right record from tool results (the intended contact, reminder or newest message) and use its fields.",
-            structured_data_reasoning,
-        ),
-        Capability(
-            "information_reporting",
-            "Tell the user the facts the task asks for and what had to be changed, correctly and in the final reply.",
-            information_reporting,
-        ),
-        Capability("code_localisation", "Find the code that causes the reported failure and read it before editing.",
-                   code_localisation),
-        Capability("failure_reproduction", "Run the tests that show the reported failure before changing the code.",
-                   failure_reproduction),
-        Capability("fix_verification", "Run the failing tests again after the last edit, before submitting.", fix_verification),
-        Capability("edit_precision", "Make edits that apply (a snippet that occurs once) and leave the file valid Python.",
-                   edit_precision),
-        Capability("minimal_change", "Fix the bug where it is: change only the faulty function.", minimal_change),
-    )
+DETECTORS: dict[str, Callable[[Trajectory, dict], str]] = {
+    "permission_error_recovery": permission_error_recovery,
+    "datetime_reasoning": datetime_reasoning,
+    "tool_calling_precision": tool_calling_precision,
+    "multi_step_task_completion": multi_step_task_completion,
+    "precondition_verification": precondition_verification,
+    "structured_data_reasoning": structured_data_reasoning,
+    "information_reporting": information_reporting,
+    "code_localisation": code_localisation,
+    "failure_reproduction": failure_reproduction,
+    "fix_verification": fix_verification,
+    "edit_precision": edit_precision,
+    "minimal_change": minimal_change,
 }
+
+CATALOGUE: dict[str, Capability] = {name: Capability(name, CAPABILITIES[name], detect) for name, detect in DETECTORS.items()}
 
 
 def label_trajectories(

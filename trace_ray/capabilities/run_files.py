@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_ray.artifacts import write_json
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 LABEL_LISTS = ("lacking_failed", "present_failed", "na_failed", "lacking_passed", "present_passed", "na_passed")
 FAILED_LISTS = LABEL_LISTS[:3]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_ray.config import SynthesisConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 READY = "READY"
 OUT_OF_BAND = "OUT_OF_BAND"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 NA, PRESENT, LACKING = "NA", "PRESENT", "LACKING"
 LABELS = (NA, PRESENT, LACKING)

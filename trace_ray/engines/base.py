@@ -6,7 +6,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 
 @dataclass(frozen=True)

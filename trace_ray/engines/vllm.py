@@ -27,6 +27,7 @@ from pathlib import Path
 from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation
 from trace_ray.engines.engine_loop import LoopedEngine, Request
 from trace_ray.engines.hf import end_of_turn_ids
+from trace_ray.models import load_tokenizer, model_folder
 
 
 def versioned_name(name: str, version: int) -> str:
@@ -180,8 +181,6 @@ class VLLMEngine(LoopedEngine):
 def make_vllm_engine(model, engine) -> VLLMEngine:
     """A :class:`VLLMEngine` for a ``ModelConfig`` and an ``EngineConfig``."""
     from transformers import AutoConfig
-
-    from trace_ray.models import load_tokenizer, model_folder
 
     folder = model_folder(model)
     tokenizer = load_tokenizer(model)

@@ -34,40 +34,12 @@ def best_choice(rewards: dict[str, float], order: list[str]) -> str:
     return BASE if BASE in tied else tied[0]
 
 
-def play_options(
-    config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
-    with_base: bool = True, make_engine_here: Callable[[], Any] | None = None, known: Played | None = None,
-) -> Played:
-    """Seed -> option (``base`` and each adapter name) -> its greedy episode, played on a Ray model worker
-    (``actors/model_tasks.py``: the driver loads no weights).
-
-    ``make_engine_here``: builds the engine to use in the worker (for instance a gated mixture-of-experts engine)
-    instead of the configured one. ``known``: episodes already played (:mod:`trace_ray.evaluation.played_episodes`);
-    only the others are played.
-    """
-    from actors.model_tasks import on_model_worker
-
-    names = ([BASE] if with_base else []) + list(adapters)
-    known = known or {}
-    pairs = [(seed, name) for seed in seeds for name in names if name not in known.get(seed, {})]
-    reused = len(seeds) * len(names) - len(pairs)
-    console.print(
-        f"greedy episodes: {len(seeds)} tasks x {len(names)} options"
-        + (f", {reused} already played, {len(pairs)} to play" if reused else "") + " on a Ray model worker"
-    )
-    played: Played = {seed: {name: known[seed][name] for name in names if name in known.get(seed, {})} for seed in seeds}
-    if pairs:
-        fresh = on_model_worker(config, play_options_here, config, make_env, adapters, pairs, make_engine_here)
-        for seed, results in fresh.items():
-            played[seed].update(results)
-    return played
-
-
 def play_options_here(
     config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], pairs: list[tuple[int, str]],
     make_engine_here: Callable[[], Any] | None,
 ) -> Played:
-    """:func:`play_options` in this process: each (seed, option) of ``pairs``."""
+    """Each (seed, option) of ``pairs``: its greedy episode, in this process (``actors.model_tasks.play_options`` runs
+    it on a Ray model worker)."""
     engine = make_engine_here() if make_engine_here else make_engine(config.model, config.engine)
     try:
         for name, folder in adapters.items():

@@ -3,7 +3,7 @@ the paired comparison against the base model, and the training rollouts the meth
 TRACE method paired against GRPO on target and against the best single adapter. Every paired
 comparison of the report also gets its Holm-adjusted p-value (``p_holm``), the family being all of them.
 
-Pure: per-task scores in, rows and Markdown out (``trace_ray/commands/evaluate.py`` plays the tasks).
+Pure: per-task scores in, rows and Markdown out (``trace_ray/app/evaluate.py`` plays the tasks).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "task_type")
 

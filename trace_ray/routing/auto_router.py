@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from trace_ray.artifacts import write_json
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.routing.learned_gate import load_gate, pooled_features, save_gate
 from trace_ray.routing.logit_router import LogitRouter, RouteDecision
 from trace_ray.routing.offsets import read_route_file

@@ -28,7 +28,7 @@ from torch import nn
 from trace_ray.artifacts import atomic_path
 from trace_ray.capabilities.llm_labeler import cut_middle
 from trace_ray.config import GateConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.routing.logit_router import RouteDecision, decide
 
 REQUEST_CHARS = 2000

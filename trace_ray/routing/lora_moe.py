@@ -77,9 +77,12 @@ from torch import nn
 
 from trace_ray.artifacts import atomic_path
 from trace_ray.config import MoEConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.routing.learned_gate import check_labels
 from trace_ray.routing.logit_router import BASE, RouteDecision, decide
+from trace_ray.engines.hf import HFEngine
+from trace_ray.models import assigned_device, load_model
+from trace_ray.routing.adapters import read_peft_folder
 
 __all__ = [
     "BASE", "GatedLoRALinear", "LoRAMoE", "MoERouter", "fit_moe", "gate_model", "load_moe", "moe_engine",
@@ -423,10 +426,6 @@ def load_moe(folder: Path, network: nn.Module, adapters: Adapters) -> LoRAMoE:
 
 def moe_engine(model_config, engine_config, adapters, folder: Path):
     """An ``HFEngine`` over the base model gated with the MoE saved in ``folder`` (``adapters``: TrainedAdapter list)."""
-    from trace_ray.engines.hf import HFEngine
-    from trace_ray.models import assigned_device, load_model
-    from trace_ray.routing.adapters import read_peft_folder
-
     if engine_config.name != "hf":
         raise TraceRayError(
             f"router=moe mixes adapters per token, which only the HF engine can run; set engine=hf, not engine={engine_config.name}"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from trace_ray.artifacts import write_json
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.routing.logit_router import BASE, RouteDecision, decide
 
 __all__ = ["OFFSETS_FILE", "fit_offsets", "load_offsets", "offset_decisions", "read_route_file", "save_offsets"]

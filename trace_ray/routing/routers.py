@@ -14,7 +14,7 @@ from typing import Protocol
 from environments.self_checks import oracle, play_recorded
 from trace_ray.config import TraceConfig
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.routing.adapters import TrainedAdapter
 from trace_ray.routing.auto_router import AutoRouter, load_selection
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate

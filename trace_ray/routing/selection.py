@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from trace_ray.config import GateConfig
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.evaluation.statistics import bootstrap_interval
 from trace_ray.routing.learned_gate import fit_gate, first_request, gate_decisions
 from trace_ray.routing.logit_router import BASE, decide

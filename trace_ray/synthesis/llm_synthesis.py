@@ -26,7 +26,7 @@ from environments import protocol, tool_environment
 from environments.self_checks import run_self_checks
 from environments.synthetic import sandbox
 from environments.synthetic.sandbox import SandboxedEnvironment, SandboxError, SandboxLimits
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.llm_client import LLMClient, one_line
 
 Admit = Callable[[Path], list[str]]

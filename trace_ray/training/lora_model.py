@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from trace_ray.config import LoRAConfig, ModelConfig
+from trace_ray.models import load_model
+from trace_ray.training.parallel import whole
 
 
 def peft_settings(lora: LoRAConfig) -> dict:
@@ -23,8 +25,6 @@ def trainable_model(model: ModelConfig, lora: LoRAConfig, seed: int, device: str
     """(PEFT model on ``device`` with a fresh adapter ``default``, tokenizer); every rank with the same seed starts
     identical. ``dtype`` (None: ``model.dtype`` on ``device``; ``auto`` is bfloat16 on a GPU, float32 on the CPU)."""
     from peft import LoraConfig, get_peft_model
-
-    from trace_ray.models import load_model
 
     network, tokenizer = load_model(model, device, dtype)
     for parameter in network.parameters():
@@ -42,8 +42,6 @@ def lora_parameters(peft_model) -> list[torch.nn.Parameter]:
 
 def lora_state(peft_model) -> dict[str, torch.Tensor]:
     """The LoRA parameters by their names in the model, whole (FSDP shards gathered: every Ray Train worker calls it)."""
-    from trace_ray.training.parallel import whole
-
     return {name: whole(parameter.detach()) for name, parameter in peft_model.named_parameters() if "lora_" in name}
 
 

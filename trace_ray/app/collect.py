@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from rich.progress import Progress
 
-from trace_ray.agent_prompt import AgentPrompt
+from actors.rollout_service import start_rollout_service
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker
 from trace_ray.metrics import summarize
-from trace_ray.models import load_tokenizer
-from trace_ray.rollout_loop import benchmark_tasks, run_rollouts
+from trace_ray.rollout_loop import benchmark_tasks
 from trace_ray.trajectory_store import TrajectoryStore, episode_row
 
 HELP = "sample K episodes per task of a split on Ray rollout workers and write run_dir/trajectories/ (Parquet)"
@@ -35,8 +34,6 @@ def collection_manifest(config: TraceConfig) -> dict:
 
 
 def run(config: TraceConfig) -> None:
-    from actors.rollout_coordinator import RayRolloutBackend, connect_ray, start_pool
-
     manifest = collection_manifest(config)
     store = TrajectoryStore(config.run_dir, manifest)
     make_env = environment_maker(config.env)
@@ -47,9 +44,7 @@ def run(config: TraceConfig) -> None:
     if len(todo) < len(tasks):
         console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} episodes already in {store.directory}")
     if todo:
-        connect_ray(config)
-        pool = start_pool(config)
-        prompt = AgentPrompt.for_model(config.model, load_tokenizer(config.model))
+        rollouts = start_rollout_service(config)
         params = SamplingParams(config.temperature, config.top_p, config.model.sampling.max_new_tokens, seed=config.seed)
         pending: list[dict] = []
 
@@ -60,12 +55,12 @@ def run(config: TraceConfig) -> None:
                 store.write_shard(pending)
                 pending.clear()
 
-        with Progress(console=console, transient=True) as progress:
-            bar = progress.add_task(f"collecting {config.env.name}/{config.split} with {config.model.name}", total=len(todo))
-            run_rollouts(
-                todo, RayRolloutBackend(pool), prompt, params, config.batch_size, config.model.max_context_tokens, on_done,
-                config.rollout.max_episode_tokens,
-            )
+        try:
+            with Progress(console=console, transient=True) as progress:
+                bar = progress.add_task(f"collecting {config.env.name}/{config.split} with {config.model.name}", total=len(todo))
+                rollouts.episodes(todo, params, on_done)
+        finally:
+            rollouts.close()
         if pending:
             store.write_shard(pending)
     print_summary(store, config)

@@ -36,14 +36,14 @@ import functools
 import json
 from pathlib import Path
 
-from actors.model_tasks import on_model_worker
+from actors.model_tasks import on_model_worker, play_options
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.capabilities.selection_file import read_selection
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
-from trace_ray.errors import TraceRayError
-from trace_ray.evaluation.option_rollouts import best_choice, play_options
+from environments.errors import TraceRayError
+from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts
 from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note

@@ -30,19 +30,17 @@ from typing import Any, Callable
 
 from rich.progress import Progress
 
+from actors.rollout_service import RolloutService, start_rollout_service
 from environments.protocol import Environment, ToolSchema
 from environments.self_checks import run_self_checks
 from environments.synthetic.factory import target_templates
-from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
 from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path, trainable
-from trace_ray.errors import TraceRayError
-from trace_ray.models import load_tokenizer
-from trace_ray.rollout_loop import EpisodeTask, run_rollouts
+from environments.errors import TraceRayError
 from trace_ray.synthesis.calibration import (
     Band, CalibrationRound, CalibrationStats, calibration_stats, calibration_table, search_difficulty,
 )
@@ -96,42 +94,28 @@ def out_of_band_reason(nearest: CalibrationRound) -> str:
 
 # -- calibration rollouts on Ray ---------------------------------------------------------------
 class RayCalibration:
-    """The base model's rollouts on synthetic environments: one set of rollout workers, env actors per level."""
+    """The base model's rollouts on synthetic environments: one rollout service, switched to each level in turn."""
 
     def __init__(self, config: TraceConfig):
         self.config = config
-        self._pool = None
+        self.rollouts: RolloutService | None = None
 
     def groups(self, env: EnvConfig, seeds: list[int], label: str) -> Groups:
-        from actors.rollout_coordinator import (
-            RayRolloutBackend, RolloutPool, connect_ray, start_env_actors, start_pool, stop_env_actors,
-        )
-
         config = self.config
-        connect_ray(config)
-        if self._pool is None:
-            self._pool = start_pool(config, env)
-            self.prompt = AgentPrompt.for_model(config.model, load_tokenizer(config.model))
-            env_actors = self._pool.env_actors
+        if self.rollouts is None:
+            self.rollouts = start_rollout_service(config, env)
         else:
-            env_actors = start_env_actors(config, env)
+            self.rollouts.switch_environment(env)
         size = config.calibration.group_size
-        tasks = [EpisodeTask(f"{label}-{seed}#{k}", seed, k) for seed in seeds for k in range(size)]
         params = SamplingParams(config.temperature, config.top_p, config.model.sampling.max_new_tokens, seed=config.seed)
-        try:
-            with Progress(console=console, transient=True) as progress:
-                bar = progress.add_task(f"calibrating {label}", total=len(tasks))
-                results = run_rollouts(
-                    tasks, RayRolloutBackend(RolloutPool(self._pool.workers, env_actors)), self.prompt, params,
-                    config.batch_size, config.model.max_context_tokens, lambda _: progress.advance(bar),
-                    config.rollout.max_episode_tokens,
-                )
-        finally:
-            stop_env_actors(env_actors)
-        by_seed: dict[int, list[tuple[float, bool]]] = {seed: [] for seed in seeds}
-        for result in results:
-            by_seed[result.seed].append((result.reward, result.success))
-        return [by_seed[seed] for seed in seeds]
+        with Progress(console=console, transient=True) as progress:
+            bar = progress.add_task(f"calibrating {label}", total=len(seeds) * size)
+            groups = self.rollouts.groups(label, seeds, size, params, on_done=lambda _: progress.advance(bar))
+        return [[(result.reward, result.success) for result in group] for group in groups]
+
+    def close(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.close()
 
 
 # -- one capability -----------------------------------------------------------------------------
@@ -232,7 +216,29 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
     entries = capabilities_to_synthesize(run_dir, config.synthesis.capabilities)
     check_sources(config, entries)
     target = describe_target(config)
-    rollouts = rollouts or RayCalibration(config).groups
+    calibration = None if rollouts else RayCalibration(config)
+    try:
+        rows = synthesize_all(config, entries, target, rollouts or calibration.groups)
+    finally:
+        if calibration is not None:
+            calibration.close()
+    print_table(
+        f"synthetic environments in {run_dir / 'environments'} (base model {config.model.name})",
+        ["capability", "source", "difficulty", "in band", "mean reward", "success", "status"],
+        rows,
+    )
+    failed = [row[0] for row in rows if row[-1] == "FAILED"]
+    if len(failed) == len(rows):
+        raise TraceRayError(f"no capability got an environment ({', '.join(failed)}); see the reasons in {selection_path(run_dir)}")
+    outside = [row[0] for row in rows if row[-1] == OUT_OF_BAND]
+    if outside:
+        console.print(f"trace-ray train skips {', '.join(outside)} ({OUT_OF_BAND}) unless synthesis.accept_out_of_band=true")
+    console.print(f"train one with env=synthetic/<capability> run_dir={run_dir}")
+
+
+def synthesize_all(config: TraceConfig, entries: list[dict], target: Target, rollouts: Callable[[EnvConfig, list[int], str], Groups]) -> list[tuple]:
+    """Each capability's environment, until ``synthesis.stop_after`` are trainable; one summary row each."""
+    run_dir = Path(config.run_dir)
     rows = []
     stop_after, ready = config.synthesis.stop_after, 0
     for position, entry in enumerate(entries):
@@ -262,16 +268,4 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
             name, spec["source"], str(spec["difficulty"]), "yes" if spec["in_band"] else "no",
             f"{chosen.stats.mean_reward:.3f}", f"{chosen.stats.success_rate:.3f}", status,
         ))
-    print_table(
-        f"synthetic environments in {run_dir / 'environments'} (base model {config.model.name})",
-        ["capability", "source", "difficulty", "in band", "mean reward", "success", "status"],
-        rows,
-    )
-    failed = [row[0] for row in rows if row[-1] == "FAILED"]
-    if len(failed) == len(rows):
-        raise TraceRayError(f"no capability got an environment ({', '.join(failed)}); see the reasons in {selection_path(run_dir)}")
-    outside = [row[0] for row in rows if row[-1] == OUT_OF_BAND]
-    if outside:
-        console.print(f"trace-ray train skips {', '.join(outside)} ({OUT_OF_BAND}) unless synthesis.accept_out_of_band=true")
-    console.print(f"train one with env=synthetic/<capability> run_dir={run_dir}")
-
+    return rows

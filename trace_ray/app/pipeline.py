@@ -32,7 +32,7 @@ from trace_ray.artifacts import atomic_path
 from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
 from trace_ray.config import SynthesisConfig, TraceConfig
 from trace_ray.console import console, print_table
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
 from trace_ray.run_storage import RunStorage
 from trace_ray.training.training_log import rollouts_spent
@@ -82,7 +82,7 @@ def _replace(config: TraceConfig, **sections) -> TraceConfig:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    command: str  # the trace_ray.commands module that does the work
+    command: str  # the trace_ray.app module that does the work
     keys: tuple[str, ...]  # config keys its result depends on (besides everything upstream)
     configure: Callable[[TraceConfig, Path], TraceConfig]
     outputs: Callable[[TraceConfig, Path], list[str]]  # what it writes, relative to the run directory
@@ -194,7 +194,7 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
         if manifest.is_current(stage.name, stage_fingerprint):
             console.print(f"[dim]{stage.name}: up to date, skipped[/dim]")
             if stage.name == "evaluate":  # a rerun still answers with the result
-                from trace_ray.commands.evaluate import print_report
+                from trace_ray.app.evaluate import print_report
 
                 print_report(run_dir / "eval")
             continue
@@ -211,7 +211,7 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
         stage_config = stage.configure(config, run_dir)
         manifest.start(stage.name, stage_fingerprint, stage.values(stage_config))
         try:
-            importlib.import_module(f"trace_ray.commands.{stage.command}").run(stage_config)
+            importlib.import_module(f"trace_ray.app.{stage.command}").run(stage_config)
         except TraceRayError as exc:
             manifest.fail(stage.name, str(exc))
             raise TraceRayError(f"pipeline stage {stage.name} failed: {exc}") from None

@@ -16,7 +16,6 @@ as lost (``None``); the loop reruns them from the start.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -25,44 +24,17 @@ from dataclasses import dataclass
 from environments.protocol import Message, ResetResult, StepResult
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.engines import AdapterRef, SamplingParams
-from trace_ray.errors import TraceRayError
+from actors.remote_errors import task_error
+from environments.errors import TraceRayError
 from trace_ray.rollout_loop import EpisodeTask
+from actors.adapter_registry import AdapterRegistry
+from actors.environment_actor import EnvironmentActor
+from actors.rollout_worker import RolloutWorker
+from trace_ray.resources import check_rollout_pool, cluster_nodes, rollout_roles, wait_ready
+from trace_ray.resources import rollout_roles, wait_ready
 
 WORKER_CALL_RETRIES = 3
 WORKER_CONCURRENCY = 256  # generation calls a worker holds at once (its engine batches them)
-
-
-def connect_ray(config: TraceConfig) -> None:
-    """Start a local Ray, or join the cluster at ``ray.address`` / ``RAY_ADDRESS``."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = config.ray.address or os.environ.get("RAY_ADDRESS")
-    if address and address not in ("auto", "local") and not address.startswith("ray://"):
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        except (OSError, ValueError):
-            raise TraceRayError(
-                f"cannot reach a Ray cluster at {address}; start one (ray start --head) or fix ray.address / RAY_ADDRESS"
-            ) from None
-    try:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=False)
-    except ConnectionError as exc:
-        raise TraceRayError(f"cannot connect to Ray at {address} ({str(exc).splitlines()[0]}); fix ray.address or RAY_ADDRESS") from None
-
-
-def task_error(exc: BaseException) -> BaseException:
-    """A remote call's error as the caller should see it: a TraceRayError raised remotely becomes that one line again."""
-    from ray.exceptions import RayTaskError
-
-    if isinstance(exc, RayTaskError) and isinstance(exc.cause, TraceRayError):
-        return TraceRayError(str(exc.cause.args[0]))
-    return exc
 
 
 def wait_until_alive(actor, timeout_s: float = 120.0) -> None:
@@ -92,11 +64,6 @@ def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool
     """Rollout workers and environment actors (of ``env``, default ``config.env``) sized by ``config.rollout``."""
     import ray
 
-    from actors.adapter_registry import AdapterRegistry
-    from actors.rollout_worker import RolloutWorker
-
-    from trace_ray.resources import check_rollout_pool, cluster_nodes, rollout_roles, wait_ready
-
     rollout = config.rollout
     check_rollout_pool(config, cluster_nodes())
     threads = rollout.worker_threads or max(1, (os.cpu_count() or 1) // rollout.num_workers)
@@ -116,9 +83,6 @@ def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool
 def start_env_actors(config: TraceConfig, env: EnvConfig) -> list:
     """``config.rollout.num_env_actors`` environment actors of ``env``, alive when returned."""
     import ray
-
-    from actors.environment_actor import EnvironmentActor
-    from trace_ray.resources import rollout_roles, wait_ready
 
     rollout = config.rollout
     env_class = ray.remote(max_restarts=-1, max_task_retries=0)(EnvironmentActor)

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from trace_ray.artifacts import atomic_path
 from trace_ray.config import TraceConfig
 from trace_ray.console import console
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 HELP = "serve the routed agent (base model + every adapter of run_dir/adapters/) as an OpenAI-compatible API on Ray Serve"
 NOT_RECOMPOSED = ("command", "run_dir", "serve.config_out")  # set by the CLI, by args.run_dir, or meaningless on the cluster
@@ -51,7 +51,7 @@ def config_overrides(config: TraceConfig) -> list[str]:
     """Hydra overrides that recompose ``config`` from conf/: its group options, then every value that differs from theirs."""
     from hydra import compose, initialize_config_dir
 
-    from trace_ray.cli import CONF_DIR, config_groups
+    from trace_ray.config_compose import CONF_DIR, config_groups
 
     groups = [
         f"{group}={getattr(config, group).name}" for group, options in config_groups().items()
@@ -133,7 +133,7 @@ def run(config: TraceConfig) -> None:
     import ray
     from ray import serve
 
-    from actors.rollout_coordinator import connect_ray
+    from actors.ray_connection import connect_ray
     from serve_apps.routed_agent import APP_NAME, build_app, serve_plan
 
     if config.serve.config_out:

@@ -6,7 +6,7 @@ found no difficulty in band, is skipped with its reason unless
 ``synthesis.accept_out_of_band=true``), or ``env=`` itself
 (``env=synthetic/<capability>``, or ``train_on=env`` for a target such as
 ``env=device``: the GRPO-on-target baseline). Each job is a
-``TorchTrainer`` run (``trace_ray/training/train_loop.py``) named
+``TorchTrainer`` run (``actors/train_worker.py``) named
 ``grpo-<name>-<fingerprint>``, the fingerprint a hash of every setting that
 shapes the adapter (model, lora, grpo, seed, the environment: ``TRAINING_KEYS``);
 its checkpoints live under ``trainer.storage_path/<run name>`` (default
@@ -38,14 +38,16 @@ from pathlib import Path
 from rich.progress import Progress
 
 from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, informative_fraction, read_selection, selection_path, trainable
-from trace_ray.commands.pipeline import job_name
+from trace_ray.app.pipeline import job_name
+from actors.ray_connection import connect_ray
+from actors.train_worker import BatchMailbox, train_loop_per_worker
 from trace_ray.config import GRPOConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import synthetic_env_config
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 from trace_ray.resources import cluster_nodes, cluster_summary, fit_training, training_roles
 from trace_ray.run_manifest import config_values, digest, tree_hash
-from trace_ray.training.train_loop import BatchMailbox, TrainJob
+from trace_ray.training.grpo_iteration import TrainJob
 from trace_ray.training.training_log import read_metrics
 
 HELP = "train one LoRA adapter per READY capability with GRPO on Ray Train (run_dir/adapters/<name>/)"
@@ -182,8 +184,6 @@ def torch_trainer(config: TraceConfig, job: TrainJob, mailbox):
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from trace_ray.training.train_loop import train_loop_per_worker
-
     trainer_config = config.trainer
     storage = trainer_config.storage_path or str(Path(config.run_dir).resolve() / "train_state")
     return TorchTrainer(
@@ -292,8 +292,6 @@ def run_sweep(configs: list[TraceConfig]) -> None:
 
 def train_all(config: TraceConfig, jobs: list[TrainJob]) -> None:
     import ray
-
-    from actors.rollout_coordinator import connect_ray
 
     # on the main thread: Ray kills a local cluster's processes when the thread that started them ends (Linux's
     # parent-death signal), and a job thread ends with its job, taking the next job's Ray down without a word

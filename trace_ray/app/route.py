@@ -45,8 +45,9 @@ from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
-from trace_ray.errors import TraceRayError
-from trace_ray.evaluation.option_rollouts import best_choice, play_options
+from environments.errors import TraceRayError
+from actors.model_tasks import on_model_worker, play_options
+from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts, save_played
 from trace_ray.evaluation.report import ROUTING_HEADER, ROUTING_NOTE, routing_cells
 from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
@@ -240,8 +241,6 @@ def auto_choices(config, names, vocabulary, rows, synthetic, held_out, folder: P
 
 
 def run(config: TraceConfig) -> None:
-    from actors.model_tasks import on_model_worker
-
     run_dir = Path(config.run_dir)
     if config.router.train_split == config.split:
         raise TraceRayError(f"router.train_split and split are both {config.split}; held-out accuracy needs two splits (e.g. analysis and eval)")

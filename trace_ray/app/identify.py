@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from environments.capabilities import CAPABILITIES
 from environments.synthetic.factory import target_templates
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.capabilities import plots
@@ -34,7 +35,7 @@ from trace_ray.capabilities.trajectories import Trajectory, read_trajectories
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 HELP = "contrast the successes and failures in run_dir/trajectories (or precomputed run files) and select what the failures lack"
 SHOWN_WARNINGS = 5
@@ -141,17 +142,17 @@ def rule_descriptions(target: str, names: list[str]) -> dict[str, str]:
 
     The descriptions reach the agent (the logit router's options, the prompt-injection baseline).
     """
-    from trace_ray.capabilities.rules import CATALOGUE
-
     templates = target_templates(target)
-    return {name: templates[name].description if name in templates else CATALOGUE[name].description for name in names}
+    return {name: templates[name].description if name in templates else CAPABILITIES[name] for name in names}
 
 
 def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) -> tuple[list[RunFile], dict[str, str]]:
     """Candidates proposed once; N labeling runs (seeds seed, seed+1, ...) as parallel Ray tasks."""
     import ray
 
-    from actors.rollout_coordinator import connect_ray, task_error
+    from actors.ray_connection import connect_ray
+
+    from actors.remote_errors import task_error
     from trace_ray.capabilities.llm_labeler import label_trajectories_llm, propose_candidates
     from trace_ray.llm_client import LLMClient
 

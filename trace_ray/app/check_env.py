@@ -12,7 +12,7 @@ from environments.synthetic.factory import read_spec
 from trace_ray.config import TAU2_ENVS, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
 
 HELP = (
     "run an environment's self-checks (oracle = 1.0, weak agents < 1.0, determinism, schemas; synthetic: target tools, "

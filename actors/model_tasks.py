@@ -11,9 +11,9 @@ on storage the driver reads, as ``run_dir`` is on a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
+from typing import Any
 
 from actors.ray_connection import connect_ray
 from actors.remote_errors import task_error
@@ -37,7 +37,9 @@ def on_model_worker(config: TraceConfig, function: Callable[..., Any], *args: An
 
     connect_ray(config)
     resources = model_task_resources(config)
-    role = Role("model task", 1, resources["num_cpus"], resources["num_gpus"], "rollout.worker_cpus / rollout.worker_gpus")
+    role = Role(
+        "model task", 1, resources["num_cpus"], resources["num_gpus"], "rollout.worker_cpus / rollout.worker_gpus"
+    )
     check_placement(getattr(function, "__name__", "the model work"), [role], cluster_nodes())
     task = ray.remote(function).options(max_retries=0, **resources)
     try:
@@ -47,8 +49,13 @@ def on_model_worker(config: TraceConfig, function: Callable[..., Any], *args: An
 
 
 def play_options(
-    config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], seeds: list[int],
-    with_base: bool = True, make_engine_here: Callable[[], Any] | None = None, known: Played | None = None,
+    config: TraceConfig,
+    make_env: Callable[[], Environment],
+    adapters: dict[str, Path],
+    seeds: list[int],
+    with_base: bool = True,
+    make_engine_here: Callable[[], Any] | None = None,
+    known: Played | None = None,
 ) -> Played:
     """Seed -> option (``base`` and each adapter name) -> its greedy episode, played on a Ray model worker
     (``actors/model_tasks.py``: the driver loads no weights).
@@ -63,9 +70,12 @@ def play_options(
     reused = len(seeds) * len(names) - len(pairs)
     console.print(
         f"greedy episodes: {len(seeds)} tasks x {len(names)} options"
-        + (f", {reused} already played, {len(pairs)} to play" if reused else "") + " on a Ray model worker"
+        + (f", {reused} already played, {len(pairs)} to play" if reused else "")
+        + " on a Ray model worker"
     )
-    played: Played = {seed: {name: known[seed][name] for name in names if name in known.get(seed, {})} for seed in seeds}
+    played: Played = {
+        seed: {name: known[seed][name] for name in names if name in known.get(seed, {})} for seed in seeds
+    }
     if pairs:
         fresh = on_model_worker(config, play_options_here, config, make_env, adapters, pairs, make_engine_here)
         for seed, results in fresh.items():

@@ -22,7 +22,8 @@ def connect_ray(config: TraceConfig) -> None:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
         except (OSError, ValueError):
             raise TraceRayError(
-                f"cannot reach a Ray cluster at {address}; start one (ray start --head) or fix ray.address / RAY_ADDRESS"
+                f"cannot reach a Ray cluster at {address}; start one (ray start --head) or fix ray.address / "
+                "RAY_ADDRESS"
             ) from None
     try:
         if address:
@@ -30,4 +31,6 @@ def connect_ray(config: TraceConfig) -> None:
         else:
             ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=False)
     except ConnectionError as exc:
-        raise TraceRayError(f"cannot connect to Ray at {address} ({str(exc).splitlines()[0]}); fix ray.address or RAY_ADDRESS") from None
+        raise TraceRayError(
+            f"cannot connect to Ray at {address} ({str(exc).splitlines()[0]}); fix ray.address or RAY_ADDRESS"
+        ) from None

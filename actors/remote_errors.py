@@ -8,7 +8,8 @@ from environments.errors import TraceRayError
 
 
 def task_error(exc: BaseException) -> BaseException:
-    """A remote call's error as the caller should see it: a TraceRayError raised remotely becomes that one line again."""
+    """A remote call's error as the caller should see it: a TraceRayError raised remotely becomes that one line
+    again."""
     if isinstance(exc, RayTaskError) and isinstance(exc.cause, TraceRayError):
         return TraceRayError(str(exc.cause.args[0]))
     return exc

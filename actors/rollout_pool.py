@@ -21,17 +21,16 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from actors.adapter_registry import AdapterRegistry
+from actors.environment_actor import EnvironmentActor
+from actors.remote_errors import task_error
+from actors.rollout_worker import RolloutWorker
+from environments.errors import TraceRayError
 from environments.protocol import Message, ResetResult, StepResult
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.engines import AdapterRef, SamplingParams
-from actors.remote_errors import task_error
-from environments.errors import TraceRayError
-from trace_ray.rollout_loop import EpisodeTask
-from actors.adapter_registry import AdapterRegistry
-from actors.environment_actor import EnvironmentActor
-from actors.rollout_worker import RolloutWorker
 from trace_ray.resources import check_rollout_pool, cluster_nodes, rollout_roles, wait_ready
-from trace_ray.resources import rollout_roles, wait_ready
+from trace_ray.rollout_loop import EpisodeTask
 
 WORKER_CALL_RETRIES = 3
 WORKER_CONCURRENCY = 256  # generation calls a worker holds at once (its engine batches them)
@@ -49,7 +48,10 @@ def wait_until_alive(actor, timeout_s: float = 120.0) -> None:
             return
         except (RayActorError, ActorUnavailableError, ray.exceptions.GetTimeoutError):
             if time.monotonic() > deadline:
-                raise TraceRayError(f"an environment actor did not come back within {timeout_s:.0f} s; check the Ray cluster (ray status)") from None
+                raise TraceRayError(
+                    f"an environment actor did not come back within {timeout_s:.0f} s; check the Ray "
+                    "cluster (ray status)"
+                ) from None
             time.sleep(0.5)
 
 
@@ -68,7 +70,9 @@ def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool
     check_rollout_pool(config, cluster_nodes())
     threads = rollout.worker_threads or max(1, (os.cpu_count() or 1) // rollout.num_workers)
     registry = ray.remote(num_cpus=0)(AdapterRegistry).remote()
-    worker_class = ray.remote(max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES, max_concurrency=WORKER_CONCURRENCY)(RolloutWorker)
+    worker_class = ray.remote(
+        max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES, max_concurrency=WORKER_CONCURRENCY
+    )(RolloutWorker)
     workers = [
         worker_class.options(num_cpus=rollout.worker_cpus, num_gpus=rollout.worker_gpus).remote(
             config.model, config.engine, threads, registry
@@ -76,7 +80,12 @@ def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool
         for _ in range(rollout.num_workers)
     ]
     env_actors = start_env_actors(config, env or config.env)
-    wait_ready([worker.health.remote() for worker in workers], "rollout workers", rollout_roles(config)[:1], config.ray.placement_timeout_s)
+    wait_ready(
+        [worker.health.remote() for worker in workers],
+        "rollout workers",
+        rollout_roles(config)[:1],
+        config.ray.placement_timeout_s,
+    )
     return RolloutPool(workers, env_actors, registry)
 
 
@@ -88,7 +97,12 @@ def start_env_actors(config: TraceConfig, env: EnvConfig) -> list:
     env_class = ray.remote(max_restarts=-1, max_task_retries=0)(EnvironmentActor)
     env_actors = [env_class.options(num_cpus=rollout.env_actor_cpus).remote(env) for _ in range(rollout.num_env_actors)]
     try:
-        wait_ready([actor.ping.remote() for actor in env_actors], "environment actors", rollout_roles(config)[1:], config.ray.placement_timeout_s)
+        wait_ready(
+            [actor.ping.remote() for actor in env_actors],
+            "environment actors",
+            rollout_roles(config)[1:],
+            config.ray.placement_timeout_s,
+        )
     except ray.exceptions.RayActorError as exc:
         raise task_error(exc) from None
     return env_actors

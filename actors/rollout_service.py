@@ -11,7 +11,7 @@ adapter ``(name, version)`` it was generated with. Nobody outside this module to
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import ray
 import torch
@@ -43,23 +43,39 @@ class RolloutService:
         self.env = env
 
     def episodes(
-        self, tasks: list[EpisodeTask], params: SamplingParams, on_done: Callable[[EpisodeResult], None] | None = None,
+        self,
+        tasks: list[EpisodeTask],
+        params: SamplingParams,
+        on_done: Callable[[EpisodeResult], None] | None = None,
     ) -> list[EpisodeResult]:
         """Every task played to the end (``config.batch_size`` at a time); results in the order of ``tasks``."""
         config = self.config
         return run_rollouts(
-            tasks, self.backend, self.prompt, params, config.batch_size, config.model.max_context_tokens, on_done,
+            tasks,
+            self.backend,
+            self.prompt,
+            params,
+            config.batch_size,
+            config.model.max_context_tokens,
+            on_done,
             config.rollout.max_episode_tokens,
         )
 
     def groups(
-        self, label: str, seeds: list[int], group_size: int, params: SamplingParams, adapter: AdapterRef | None = None,
+        self,
+        label: str,
+        seeds: list[int],
+        group_size: int,
+        params: SamplingParams,
+        adapter: AdapterRef | None = None,
         on_done: Callable[[EpisodeResult], None] | None = None,
     ) -> list[list[EpisodeResult]]:
         """One group of ``group_size`` episodes per seed (keys ``<label>-<seed>#<k>``), with ``adapter`` or the base."""
-        tasks = [EpisodeTask(f"{label}-{seed}#{k}", seed, k, adapter=adapter) for seed in seeds for k in range(group_size)]
+        tasks = [
+            EpisodeTask(f"{label}-{seed}#{k}", seed, k, adapter=adapter) for seed in seeds for k in range(group_size)
+        ]
         results = self.episodes(tasks, params, on_done)
-        return [results[i: i + group_size] for i in range(0, len(results), group_size)]
+        return [results[i : i + group_size] for i in range(0, len(results), group_size)]
 
     def publish_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
         """Every worker serves ``name`` at ``version`` from now on (verified); seconds taken."""

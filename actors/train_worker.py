@@ -55,11 +55,25 @@ from trace_ray.training.action_logprobs import ActionLogprobs
 from trace_ray.training.curriculum import next_level
 from trace_ray.training.groups import shard_rows, summarize_groups, training_rows
 from trace_ray.training.grpo_iteration import (
-    Checkpoint, TrainJob, TrainState, begin_iteration, collect_groups, end_iteration, iteration_metrics,
-    replica_difference, training_finished, update,
+    Checkpoint,
+    TrainJob,
+    TrainState,
+    begin_iteration,
+    collect_groups,
+    end_iteration,
+    iteration_metrics,
+    replica_difference,
+    training_finished,
+    update,
 )
 from trace_ray.training.lora_model import (
-    adapter_weights, export_adapter, load_adapter_weights, lora_parameters, lora_state, peft_settings, trainable_model,
+    adapter_weights,
+    export_adapter,
+    load_adapter_weights,
+    lora_parameters,
+    lora_state,
+    peft_settings,
+    trainable_model,
 )
 from trace_ray.training.parallel import distribute, is_sharded, load_optimizer_state, optimizer_state
 from trace_ray.training.training_log import TrainingLog
@@ -76,7 +90,8 @@ class LeadRank:
         self.config, self.job = config, job
         self.log = TrainingLog(Path(job.output))
         self.lora_config = peft_settings(config.lora)
-        self.rollouts, self.env = None, None  # a finished run (resumed from its last checkpoint) only exports its adapter
+        # a finished run (resumed from its last checkpoint) only exports its adapter
+        self.rollouts, self.env = None, None
         self.levels, self.level = [], None  # a synthetic environment's difficulty levels and the one its actors play
         if with_rollouts:
             self.rollouts = start_rollout_service(config, job.env)
@@ -97,7 +112,8 @@ class LeadRank:
         return {"difficulty": level}
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> float:
-        """Publish the adapter's ``weights`` (:func:`adapter_weights`) as ``version`` to every rollout worker; seconds taken."""
+        """Publish the adapter's ``weights`` (:func:`adapter_weights`) as ``version`` to every rollout worker; seconds
+        taken."""
         return self.rollouts.publish_adapter(self.job.name, version, weights, self.lora_config)
 
     def batch(self, state: TrainState, iteration: int) -> dict[str, Any]:
@@ -115,7 +131,9 @@ class LeadRank:
         groups, cursor = collect_groups(grpo, state, self.env.train_seed, play)
         rollout_s = time.perf_counter() - started
         rows = training_rows(groups, grpo.advantage, grpo.advantage_eps, grpo.max_tokens_per_trajectory)
-        metrics = dict(iteration_metrics(iteration, summarize_groups(groups), rollout_s), started_at=started_at, **level)
+        metrics = dict(
+            iteration_metrics(iteration, summarize_groups(groups), rollout_s), started_at=started_at, **level
+        )
         return {"rows": rows, "cursor": cursor, "metrics": metrics}
 
     def close(self) -> None:
@@ -180,7 +198,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
     sharded = is_sharded(config.trainer.strategy, world_size)
     # sharded, the whole model stays on the CPU: fully_shard moves each worker's shards to its device
     policy, _ = trainable_model(
-        config.model, config.lora, config.seed, device="cpu" if sharded else str(device), dtype=model_dtype(config.model.dtype, str(device)),
+        config.model,
+        config.lora,
+        config.seed,
+        device="cpu" if sharded else str(device),
+        dtype=model_dtype(config.model.dtype, str(device)),
     )
     restored = None
     if (checkpoint := ray.train.get_checkpoint()) is not None:
@@ -223,7 +245,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
             stop = end_iteration(state, metrics, grpo)
             if lead:
                 lead.log.write(state.history)
-            report(metrics, stop or state.iteration % grpo.checkpoint_every == 0, weights, scorer, optimizer, sharded, state, rank)
+            report(
+                metrics,
+                stop or state.iteration % grpo.checkpoint_every == 0,
+                weights,
+                scorer,
+                optimizer,
+                sharded,
+                state,
+                rank,
+            )
         exported = lora_state(policy)  # every worker: a sharded adapter is gathered
         if lead:
             export_adapter(policy, Path(job.output), exported)
@@ -233,8 +264,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
             lead.close()
 
 
-def report(metrics: dict[str, Any], with_checkpoint: bool, weights, scorer, optimizer, sharded: bool, state: TrainState,
-           rank: int) -> None:
+def report(
+    metrics: dict[str, Any],
+    with_checkpoint: bool,
+    weights,
+    scorer,
+    optimizer,
+    sharded: bool,
+    state: TrainState,
+    rank: int,
+) -> None:
     """``ray.train.report`` of the iteration's metrics (every rank: it is a barrier), with a checkpoint when due."""
     if not with_checkpoint:
         ray.train.report(_reportable(metrics))
@@ -243,7 +282,9 @@ def report(metrics: dict[str, Any], with_checkpoint: bool, weights, scorer, opti
     with tempfile.TemporaryDirectory() as folder:
         if rank == 0:
             saved.save(Path(folder))
-        ray.train.report(_reportable(metrics), checkpoint=ray.train.Checkpoint.from_directory(folder) if rank == 0 else None)
+        ray.train.report(
+            _reportable(metrics), checkpoint=ray.train.Checkpoint.from_directory(folder) if rank == 0 else None
+        )
 
 
 def _reportable(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from environments.errors import TraceRayError
 from actors.adapter_registry import StoredWeights
+from environments.errors import TraceRayError
 
 
 class WeightSyncError(TraceRayError):
@@ -37,12 +37,14 @@ def sync_adapter(workers: list, name: str, version: int, weights: dict[str, torc
             cause = getattr(exc, "cause", None) or exc
             message = " ".join(str(cause).split())[:200]
             raise WeightSyncError(
-                f"rollout worker {index} failed to load adapter {name!r} version {version} ({type(cause).__name__}: {message}); "
+                f"rollout worker {index} failed to load adapter {name!r} version {version} ({type(cause).__name__}: "
+                f"{message}); "
                 "training stopped: check the worker's log and engine.max_loras / engine.max_lora_rank"
             ) from None
         if loaded.get(name) != version:
             raise WeightSyncError(
-                f"rollout worker {index} serves adapter {name!r} version {loaded.get(name)} after loading version {version}; "
+                f"rollout worker {index} serves adapter {name!r} version {loaded.get(name)} after loading version "
+                f"{version}; "
                 "training stopped: the worker's engine did not take the new weights"
             )
     return time.perf_counter() - started

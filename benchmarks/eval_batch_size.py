@@ -40,17 +40,35 @@ def main() -> None:
     rows, baseline = [], None
     for size in sizes:
         started = time.perf_counter()
-        results = run_rollouts(tasks, LocalBackend(make_env, engine), prompt, greedy, size,
-                               config.model.max_context_tokens, max_episode_tokens=config.rollout.max_episode_tokens)
+        results = run_rollouts(
+            tasks,
+            LocalBackend(make_env, engine),
+            prompt,
+            greedy,
+            size,
+            config.model.max_context_tokens,
+            max_episode_tokens=config.rollout.max_episode_tokens,
+        )
         seconds = time.perf_counter() - started
         rewards = [result.reward for result in results]
         baseline = baseline or (seconds, rewards)
         agree = sum(a == b for a, b in zip(rewards, baseline[1]))
-        rows.append((size, f"{seconds:.0f}", f"{len(tasks) / seconds:.3f}", f"{baseline[0] / seconds:.2f}",
-                     f"{sum(rewards) / len(rewards):.3f}", f"{agree}/{len(tasks)}"))
-    print_table(f"greedy device episodes ({len(tasks)} eval tasks, {config.model.name}, max_episode_tokens "
-                f"{config.rollout.max_episode_tokens})",
-                ["batch_size", "seconds", "episodes/s", f"speed vs {BASELINE}", "mean reward", f"rewards as at {BASELINE}"], rows)
+        rows.append(
+            (
+                size,
+                f"{seconds:.0f}",
+                f"{len(tasks) / seconds:.3f}",
+                f"{baseline[0] / seconds:.2f}",
+                f"{sum(rewards) / len(rewards):.3f}",
+                f"{agree}/{len(tasks)}",
+            )
+        )
+    print_table(
+        f"greedy device episodes ({len(tasks)} eval tasks, {config.model.name}, max_episode_tokens "
+        f"{config.rollout.max_episode_tokens})",
+        ["batch_size", "seconds", "episodes/s", f"speed vs {BASELINE}", "mean reward", f"rewards as at {BASELINE}"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

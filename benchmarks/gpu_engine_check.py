@@ -23,7 +23,13 @@ from trace_ray.config_compose import compose_config
 from trace_ray.engines import SamplingParams, make_engine
 
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "lora_dropout": 0.0}
-SETTINGS = ["model=smollm2_135m", "engine=vllm", "engine.memory_fraction=0.3", "engine.max_lora_rank=8", "model.dtype=auto"]
+SETTINGS = [
+    "model=smollm2_135m",
+    "engine=vllm",
+    "engine.memory_fraction=0.3",
+    "engine.max_lora_rank=8",
+    "model.dtype=auto",
+]
 NEW_TOKENS = 32
 
 
@@ -53,7 +59,7 @@ def random_adapter(network, seed: int):
 def trainer_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt + tokens], device="cuda")
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1: -1].float()
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens, device="cuda")[:, None]).squeeze(-1).cpu()
 
 
@@ -79,7 +85,10 @@ def main() -> int:
     first = greedy(engine, prompts[:8], 1)
     engine.load_adapter("skill", 2, weights_2, LORA)
     versions = engine.adapters()
-    print(f"1. adapters after loading v1 then v2 under one name: {versions}", "ok" if versions == {"skill": 2} else "FAILED")
+    print(
+        f"1. adapters after loading v1 then v2 under one name: {versions}",
+        "ok" if versions == {"skill": 2} else "FAILED",
+    )
     failures += [] if versions == {"skill": 2} else ["versions"]
     after_v1 = greedy(engine, prompts[:8], 2)
     started = time.perf_counter()
@@ -94,20 +103,30 @@ def main() -> int:
     same_tokens = all(a.token_ids == b.token_ids for a, b in zip(after_v1, alone))
     cache_gap = max(max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) for a, b in zip(after_v1, alone))
     changed = sum(a.token_ids != b.token_ids for a, b in zip(first, after_v1))
-    print(f"2. v2 after v1 on the same {len(prompts[0])}-token prompts vs v2 alone: same tokens {same_tokens}, "
-          f"max log-prob difference {cache_gap:.2e}; v1 and v2 differ on {changed}/8 prompts",
-          "ok" if same_tokens and cache_gap < 1e-3 and changed else "FAILED")
+    print(
+        f"2. v2 after v1 on the same {len(prompts[0])}-token prompts vs v2 alone: same tokens {same_tokens}, "
+        f"max log-prob difference {cache_gap:.2e}; v1 and v2 differ on {changed}/8 prompts",
+        "ok" if same_tokens and cache_gap < 1e-3 and changed else "FAILED",
+    )
     failures += [] if same_tokens and cache_gap < 1e-3 and changed else ["cache isolation"]
 
-    gaps = torch.cat([
-        (torch.tensor(g.logprobs) - trainer_logprobs(model_2, prompt, g.token_ids)).abs()
-        for prompt, g in zip(prompts[:8], after_v1)
-    ])
-    print(f"3. engine-trainer log-prob gap (engine {config.model.dtype} on GPU vs trainer float32): mean {gaps.mean():.2e}, "
-          f"max {gaps.max():.2e} over {gaps.numel()} tokens")
+    gaps = torch.cat(
+        [
+            (torch.tensor(g.logprobs) - trainer_logprobs(model_2, prompt, g.token_ids)).abs()
+            for prompt, g in zip(prompts[:8], after_v1)
+        ]
+    )
+    print(
+        f"3. engine-trainer log-prob gap (engine {config.model.dtype} on GPU vs trainer float32): mean "
+        f"{gaps.mean():.2e}, "
+        f"max {gaps.max():.2e} over {gaps.numel()} tokens"
+    )
     tokens = sum(len(g.token_ids) for g in timed)
-    print(f"4. throughput: {len(prompts)} prompts x up to {NEW_TOKENS} tokens with the adapter: {tokens / seconds:.0f} tokens/s "
-          f"({seconds:.2f} s)")
+    print(
+        f"4. throughput: {len(prompts)} prompts x up to {NEW_TOKENS} tokens with the adapter: {tokens / seconds:.0f} "
+        "tokens/s "
+        f"({seconds:.2f} s)"
+    )
     print("gpu_engine_check:", "all checks passed" if not failures else f"FAILED: {', '.join(failures)}")
     return 1 if failures else 0
 

@@ -9,7 +9,8 @@ that K rollouts drawn from a seed's ``group`` are informative, and the
 informative groups per 100 rollouts it buys, side by side with K=8 (the
 evidence budget's group size) as the ratio.
 
-    python benchmarks/group_signal.py capability=tool_calling_precision [level=0] [seeds=4] [group=16] [model=smollm2_135m]
+    python benchmarks/group_signal.py capability=tool_calling_precision [level=0] [seeds=4] [group=16]
+    [model=smollm2_135m]
 """
 
 from __future__ import annotations
@@ -50,14 +51,23 @@ def main() -> None:
     tasks = [EpisodeTask(f"{capability}-{seed}#{sample}", seed, sample) for seed in chosen for sample in range(group)]
     params = SamplingParams(config.grpo.temperature, 1.0, config.model.sampling.max_new_tokens, seed=config.seed)
     started = time.perf_counter()
-    results = run_rollouts(tasks, LocalBackend(make_env, engine), prompt, params, config.batch_size,
-                           config.model.max_context_tokens, max_episode_tokens=config.rollout.max_episode_tokens)
+    results = run_rollouts(
+        tasks,
+        LocalBackend(make_env, engine),
+        prompt,
+        params,
+        config.batch_size,
+        config.model.max_context_tokens,
+        max_episode_tokens=config.rollout.max_episode_tokens,
+    )
     seconds = time.perf_counter() - started
     by_seed = [[result.reward for result in results if result.seed == seed] for seed in chosen]
     mean = sum(result.reward for result in results) / len(results)
     success = sum(result.success for result in results) / len(results)
-    print(f"{capability} level {level}: {len(results)} rollouts ({seeds} seeds x {group}) in {seconds:.0f} s "
-          f"({seconds / len(results):.1f} s each); mean reward {mean:.3f}, success {success:.2f}")
+    print(
+        f"{capability} level {level}: {len(results)} rollouts ({seeds} seeds x {group}) in {seconds:.0f} s "
+        f"({seconds / len(results):.1f} s each); mean reward {mean:.3f}, success {success:.2f}"
+    )
     print("rewards per seed: " + "; ".join(" ".join(f"{reward:.2f}" for reward in rewards) for rewards in by_seed))
     sizes = [k for k in (2, 4, 8, 16, 32) if k <= group]
     per_100 = {k: 100 * sum(informative_chance(rewards, k) for rewards in by_seed) / len(by_seed) / k for k in sizes}
@@ -66,8 +76,11 @@ def main() -> None:
         chance = sum(informative_chance(rewards, k) for rewards in by_seed) / len(by_seed)
         ratio = f"{per_100[k] / per_100[BASELINE_K]:.2f}" if BASELINE_K in per_100 and per_100[BASELINE_K] else "-"
         rows.append((k, f"{chance:.3f}", f"{per_100[k]:.2f}", ratio))
-    print_table(f"informative groups by group size K ({config.model.name}, temperature {config.grpo.temperature})",
-                ["K", "P(group informative)", "informative groups per 100 rollouts", f"per rollout vs K={BASELINE_K}"], rows)
+    print_table(
+        f"informative groups by group size K ({config.model.name}, temperature {config.grpo.temperature})",
+        ["K", "P(group informative)", "informative groups per 100 rollouts", f"per rollout vs K={BASELINE_K}"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trace_ray.config_compose import compose_config
 from trace_ray.config import TraceConfig
+from trace_ray.config_compose import compose_config
 from trace_ray.console import print_table
 
 TRL_MISSING = "grpo_iteration: error: TRL is not installed; run: pip install -e '.[bench]' (or: make install-bench)"
@@ -86,8 +86,13 @@ class IterationTimes:
         return self.rollout_s + self.update_s + self.sync_s
 
     @staticmethod
-    def mean(times: list["IterationTimes"]) -> "IterationTimes":
-        return IterationTimes(*(statistics.fmean(getattr(t, name) for t in times) for name in ("rollout_s", "update_s", "sync_s", "tokens", "trained")))
+    def mean(times: list[IterationTimes]) -> IterationTimes:
+        return IterationTimes(
+            *(
+                statistics.fmean(getattr(t, name) for t in times)
+                for name in ("rollout_s", "update_s", "sync_s", "tokens", "trained")
+            )
+        )
 
 
 @dataclass
@@ -147,7 +152,9 @@ def our_rollouts(engine, tokenizer, batch: list[Prompt], config: TraceConfig, ve
         ids = prompt.ids
         for k in range(grpo.group_size):
             key = f"{ADAPTER}-{iteration}-{g}#{k}"
-            params = SamplingParams(grpo.temperature, 1.0, config.model.sampling.max_new_tokens, episode_seed(config.seed, key, 0))
+            params = SamplingParams(
+                grpo.temperature, 1.0, config.model.sampling.max_new_tokens, episode_seed(config.seed, key, 0)
+            )
             jobs.append((key, g, k, prompt, ids, engine.submit(ids, params, (ADAPTER, version))))
     results = []
     for key, g, k, prompt, ids, future in jobs:
@@ -156,22 +163,34 @@ def our_rollouts(engine, tokenizer, batch: list[Prompt], config: TraceConfig, ve
         record.add_observation(ids)
         record.add_action(generation.token_ids, generation.logprobs)
         text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-        results.append(EpisodeResult(
-            key=key, task_id=str(g), family="bench", seed=g, sample_index=k, adapter=(ADAPTER, version),
-            reward=reward(kind, text, prompt.tool), success=False, turns=1, termination=generation.finish_reason,
-            messages=[{"role": "assistant", "content": text}], tools=[], record=record,
-        ))
+        results.append(
+            EpisodeResult(
+                key=key,
+                task_id=str(g),
+                family="bench",
+                seed=g,
+                sample_index=k,
+                adapter=(ADAPTER, version),
+                reward=reward(kind, text, prompt.tool),
+                success=False,
+                turns=1,
+                termination=generation.finish_reason,
+                messages=[{"role": "assistant", "content": text}],
+                tools=[],
+                record=record,
+            )
+        )
     size = grpo.group_size
-    return [results[i: i + size] for i in range(0, len(results), size)]
+    return [results[i : i + size] for i in range(0, len(results), size)]
 
 
 def run_ours(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: str) -> list[IterationTimes]:
     """Warm-up plus ``iterations`` iterations of rollout -> rows -> update() -> load_adapter; the timed ones."""
     from trace_ray.engines import make_engine
-    from trace_ray.training.groups import training_rows
-    from trace_ray.training.lora_model import adapter_weights, lora_parameters, peft_settings, trainable_model
     from trace_ray.training.action_logprobs import ActionLogprobs
+    from trace_ray.training.groups import training_rows
     from trace_ray.training.grpo_iteration import update
+    from trace_ray.training.lora_model import adapter_weights, lora_parameters, peft_settings, trainable_model
 
     grpo = config.grpo
     engine = make_engine(config.model, config.engine)
@@ -182,7 +201,7 @@ def run_ours(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: 
     engine.load_adapter(ADAPTER, 0, adapter_weights(policy), lora_config)  # version 0, before training starts
     times = []
     for iteration in range(iterations + 1):  # iteration 0: the warm-up
-        batch = prompts[iteration * grpo.groups_per_batch: (iteration + 1) * grpo.groups_per_batch]
+        batch = prompts[iteration * grpo.groups_per_batch : (iteration + 1) * grpo.groups_per_batch]
         started = time.perf_counter()
         groups = our_rollouts(engine, tokenizer, batch, config, iteration, iteration, kind)
         rows = training_rows(groups, grpo.advantage, grpo.advantage_eps, grpo.max_tokens_per_trajectory)
@@ -209,25 +228,49 @@ def trl_settings(config: TraceConfig, iterations: int, output_dir: str, micro_ba
     grpo = config.grpo
     return GRPOConfig(
         output_dir=output_dir,
-        use_cpu=True, bf16=False, fp16=False,  # bf16 defaults to True in TRL's configs
+        use_cpu=True,
+        bf16=False,
+        fp16=False,  # bf16 defaults to True in TRL's configs
         gradient_checkpointing=False,  # TRL's default is True; ours does not checkpoint
-        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=grpo.groups_per_batch * grpo.group_size // micro_batch,
-        num_generations=grpo.group_size, max_completion_length=config.model.sampling.max_new_tokens,
-        temperature=grpo.temperature, top_p=1.0, top_k=0,
-        learning_rate=grpo.lr, lr_scheduler_type="constant", weight_decay=grpo.weight_decay, max_grad_norm=grpo.max_grad_norm,
-        beta=0.0, num_iterations=1, loss_type="grpo", scale_rewards="group",
-        epsilon=grpo.clip_eps, epsilon_high=grpo.clip_eps_high,
-        max_steps=iterations + 1, shuffle_dataset=False, use_vllm=False, seed=config.seed,
-        logging_strategy="no", report_to="none", save_strategy="no", disable_tqdm=True, log_completions=False,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=grpo.groups_per_batch * grpo.group_size // micro_batch,
+        num_generations=grpo.group_size,
+        max_completion_length=config.model.sampling.max_new_tokens,
+        temperature=grpo.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=grpo.lr,
+        lr_scheduler_type="constant",
+        weight_decay=grpo.weight_decay,
+        max_grad_norm=grpo.max_grad_norm,
+        beta=0.0,
+        num_iterations=1,
+        loss_type="grpo",
+        scale_rewards="group",
+        epsilon=grpo.clip_eps,
+        epsilon_high=grpo.clip_eps_high,
+        max_steps=iterations + 1,
+        shuffle_dataset=False,
+        use_vllm=False,
+        seed=config.seed,
+        logging_strategy="no",
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        log_completions=False,
     )
 
 
 def completion_text(completion) -> str:
     """A TRL completion: text, or (conversational prompts) a list of messages."""
-    return completion if isinstance(completion, str) else "".join(message.get("content") or "" for message in completion)
+    return (
+        completion if isinstance(completion, str) else "".join(message.get("content") or "" for message in completion)
+    )
 
 
-def run_trl(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: str, micro_batch: int) -> list[IterationTimes]:
+def run_trl(
+    config: TraceConfig, prompts: list[Prompt], iterations: int, kind: str, micro_batch: int
+) -> list[IterationTimes]:
     """Warm-up plus ``iterations`` GRPOTrainer steps; the timed ones."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -253,12 +296,20 @@ def run_trl(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: s
         def on_step_end(self, args, state, control, **kwargs):
             step = steps[-1]
             step.update_s = time.perf_counter() - self.started - step.rollout_s
-            print(f"  TRL step {len(steps) - 1}{' (warm-up)' if len(steps) == 1 else ''}: {step.total_s:.2f} s", flush=True)
+            print(
+                f"  TRL step {len(steps) - 1}{' (warm-up)' if len(steps) == 1 else ''}: {step.total_s:.2f} s",
+                flush=True,
+            )
 
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as output_dir:
         trainer = GRPOTrainer(
-            model=model, reward_funcs=bench_reward, args=trl_settings(config, iterations, output_dir, micro_batch), train_dataset=dataset,
-            processing_class=tokenizer, peft_config=LoraConfig(**peft_settings(config.lora)), callbacks=[StepTimer()],
+            model=model,
+            reward_funcs=bench_reward,
+            args=trl_settings(config, iterations, output_dir, micro_batch),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=LoraConfig(**peft_settings(config.lora)),
+            callbacks=[StepTimer()],
         )
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training metrics even with logging off
         generate_and_score = trainer._generate_and_score_completions
@@ -279,7 +330,9 @@ def run_trl(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: s
 # -- the comparison ------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="short", choices=["short", "device"], help="the prompts (see the docstring)")
+    parser.add_argument(
+        "--workload", default="short", choices=["short", "device"], help="the prompts (see the docstring)"
+    )
     parser.add_argument("--model", default="smollm2_135m", choices=["smollm2_135m", "tiny_random"])
     parser.add_argument("--group-size", type=int, default=8, help="K completions per prompt (>= 2)")
     parser.add_argument("--groups", type=int, default=4, help="G prompts per iteration")
@@ -288,9 +341,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: grpo.lr of conf/grpo)")
     parser.add_argument("--reward", default="length", choices=["length", "parity", "tool"])
-    parser.add_argument("--trl-micro-batch", type=int, default=None,
-                        help="completions per TRL forward/backward (gradient accumulation to one step; default: all at once, "
-                             "4 on the device workload, whose 32 x 860-token batch does not fit 24 GiB at once)")
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=None,
+        help="completions per TRL forward/backward (gradient accumulation to one step; default: all at "
+        "once, "
+        "4 on the device workload, whose 32 x 860-token batch does not fit 24 GiB at once)",
+    )
     args = parser.parse_args(argv)
     if args.trl_micro_batch is None:
         args.trl_micro_batch = 4 if args.workload == "device" else args.groups * args.group_size
@@ -305,9 +363,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def bench_config(args: argparse.Namespace) -> TraceConfig:
     overrides = [
-        f"model={args.model}", f"lora.rank={args.lora_rank}", f"model.sampling.max_new_tokens={args.max_new_tokens}",
-        f"grpo.group_size={args.group_size}", f"grpo.groups_per_batch={args.groups}",
-        f"grpo.mini_batch_size={args.groups * args.group_size}", "grpo.ppo_epochs=1", "grpo.kl_coef=0",
+        f"model={args.model}",
+        f"lora.rank={args.lora_rank}",
+        f"model.sampling.max_new_tokens={args.max_new_tokens}",
+        f"grpo.group_size={args.group_size}",
+        f"grpo.groups_per_batch={args.groups}",
+        f"grpo.mini_batch_size={args.groups * args.group_size}",
+        "grpo.ppo_epochs=1",
+        "grpo.kl_coef=0",
     ]
     if args.lr is not None:
         overrides.append(f"grpo.lr={args.lr}")
@@ -315,8 +378,14 @@ def bench_config(args: argparse.Namespace) -> TraceConfig:
 
 
 def table_row(side: str, times: IterationTimes, has_sync: bool) -> tuple:
-    return (side, f"{times.rollout_s:.2f}", f"{times.update_s:.2f}", f"{times.sync_s:.3f}" if has_sync else "-",
-            f"{times.total_s:.2f}", f"{times.tokens / times.total_s:.1f}" if times.total_s > 0 else "-")
+    return (
+        side,
+        f"{times.rollout_s:.2f}",
+        f"{times.update_s:.2f}",
+        f"{times.sync_s:.3f}" if has_sync else "-",
+        f"{times.total_s:.2f}",
+        f"{times.tokens / times.total_s:.1f}" if times.total_s > 0 else "-",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -332,35 +401,49 @@ def main(argv: list[str] | None = None) -> None:
     grpo, lora = config.grpo, config.lora
     prompts = device_prompts(grpo.groups_per_batch * (args.iterations + 1), args.workload, config)
     print(
-        f"settings: workload={args.workload} ({statistics.fmean(len(prompt.ids) for prompt in prompts):.0f} prompt tokens on average), "
+        f"settings: workload={args.workload} ({statistics.fmean(len(prompt.ids) for prompt in prompts):.0f} prompt "
+        "tokens on average), "
         f"model={config.model.name}, {grpo.groups_per_batch} prompts x {grpo.group_size} completions, "
         f"max_new_tokens={config.model.sampling.max_new_tokens}, temperature={grpo.temperature}, top_p=1, "
         f"LoRA rank {lora.rank} alpha {lora.alpha:g} on {','.join(lora.target_modules)}, lr={grpo.lr:g}, "
         f"clip {grpo.clip_eps}, no KL, one optimizer step per iteration, reward={args.reward}, "
-        f"1 warm-up + {args.iterations} timed iterations, CPU, {torch.get_num_threads()} torch threads, trl {trl.__version__}",
+        f"1 warm-up + {args.iterations} timed iterations, CPU, {torch.get_num_threads()} torch threads, trl "
+        f"{trl.__version__}",
         flush=True,
     )
     ours = IterationTimes.mean(run_ours(config, prompts, args.iterations, args.reward))
     gc.collect()
     theirs = IterationTimes.mean(run_trl(config, prompts, args.iterations, args.reward, args.trl_micro_batch))
-    print("ours = HF engine + training_rows + update() + engine.load_adapter; TRL = GRPOTrainer (generate, score, step)")
+    print(
+        "ours = HF engine + training_rows + update() + engine.load_adapter; TRL = GRPOTrainer (generate, score, step)"
+    )
     print_table(
         f"one GRPO iteration (mean of {args.iterations}): {grpo.groups_per_batch}x{grpo.group_size} completions, "
         f"{config.model.name}, max_new_tokens={config.model.sampling.max_new_tokens}",
         ["side", "rollout s", "update s", "sync s", "total s", "tokens/s"],
         [table_row("ours", ours, True), table_row("TRL", theirs, False)],
     )
-    print(f"tokens/s: generated completion tokens per second of the whole iteration "
-          f"(ours {ours.tokens:.0f}, TRL {theirs.tokens:.0f} tokens per iteration)")
-    print(f"completions trained per iteration: ours {ours.trained:.1f} (groups with equal rewards are dropped), TRL {theirs.trained:.1f}")
+    print(
+        f"tokens/s: generated completion tokens per second of the whole iteration "
+        f"(ours {ours.tokens:.0f}, TRL {theirs.tokens:.0f} tokens per iteration)"
+    )
+    print(
+        f"completions trained per iteration: ours {ours.trained:.1f} (groups with equal rewards are dropped), TRL "
+        f"{theirs.trained:.1f}"
+    )
     if ours.trained < theirs.trained:
-        print("note: ours skipped constant groups that TRL trained on, so its update did less work; "
-              "use --reward length or a larger --group-size for equal work")
+        print(
+            "note: ours skipped constant groups that TRL trained on, so its update did less work; "
+            "use --reward length or a larger --group-size for equal work"
+        )
     print("sync: ours loads the new adapter into its engine; TRL generates with the policy itself (no sync)")
     update_ratio = theirs.update_s / ours.update_s
     ratio = theirs.total_s / ours.total_s
     targets = (5.0, 3.0) if args.workload == "device" else (1.0, 1.0)
-    print(f"update ratio TRL/ours = {update_ratio:.2f} (target >= {targets[0]:g}: {'met' if update_ratio >= targets[0] else 'NOT met'})")
+    print(
+        f"update ratio TRL/ours = {update_ratio:.2f} (target >= {targets[0]:g}: "
+        f"{'met' if update_ratio >= targets[0] else 'NOT met'})"
+    )
     print(f"iteration target >= {targets[1]:g}: {'met' if ratio >= targets[1] else 'NOT met'}")
     print(f"ratio TRL/ours = {ratio:.2f}")
 

@@ -10,7 +10,8 @@ generates the same episodes), measures generated tokens/s and episodes/s of:
 Prints a/b (target >= 3 on 2 cores) and the orchestration overhead of a over d
 (target < 15%).
 
-    python benchmarks/rollout_throughput.py [model=smollm2_135m] [tasks=16] [max_new_tokens=64] [batch_size=8] [vllm_engine=vllm_cpu]
+    python benchmarks/rollout_throughput.py [model=smollm2_135m] [tasks=16] [max_new_tokens=64] [batch_size=8]
+    [vllm_engine=vllm_cpu]
 
 Use at least twice as many tasks as the batch size: with tasks == batch_size
 no slot is ever refilled and the batch only drains, which is not what a
@@ -22,11 +23,11 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
-
 from concurrent.futures import Future
 
 import torch
 
+from actors.rollout_service import start_rollout_service
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.config_compose import compose_config
 from trace_ray.console import print_table
@@ -44,23 +45,34 @@ class PlainGenerate:
     @torch.no_grad()
     def submit(self, prompt, params, adapter=None):
         output = self.model.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_token_ids,
-            return_dict_in_generate=True, output_logits=True,
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.stop_token_ids,
+            return_dict_in_generate=True,
+            output_logits=True,
         )
-        tokens = output.sequences[0, len(prompt):].tolist()
+        tokens = output.sequences[0, len(prompt) :].tolist()
         logprobs = [float(torch.log_softmax(logits[0], -1)[token]) for logits, token in zip(output.logits, tokens)]
         future = Future()
         future.set_result(Generation(tokens, logprobs, "stop" if tokens[-1] in self.stop_token_ids else "length"))
         return future
 
 
-def measure(name, tasks, backend, prompt, params, batch_size, max_context):
+def measure(name, play):
+    """``play()``'s episodes, timed."""
     started = time.perf_counter()
-    results = run_rollouts(tasks, backend, prompt, params, batch_size, max_context)
+    results = play()
     seconds = time.perf_counter() - started
     tokens = sum(result.record.action_tokens for result in results)
     print(f"{name}: {len(results)} episodes, {tokens} tokens in {seconds:.1f} s", flush=True)
-    return {"name": name, "seconds": seconds, "tokens": tokens, "episodes": len(results), "rewards": [r.reward for r in results]}
+    return {
+        "name": name,
+        "seconds": seconds,
+        "tokens": tokens,
+        "episodes": len(results),
+        "rewards": [r.reward for r in results],
+    }
 
 
 def main() -> None:
@@ -79,30 +91,38 @@ def main() -> None:
     max_context = config.model.max_context_tokens
 
     rows = []
-    sequential = measure("(b) sequential, one episode at a time", tasks, LocalBackend(make_env, PlainGenerate(engine)), prompt, params, 1, max_context)
-    raw = measure("(d) raw engine, same batches, no Ray", tasks, LocalBackend(make_env, engine), prompt, params, batch_size, max_context)
+
+    def local(backend, size):
+        return lambda: run_rollouts(tasks, backend, prompt, params, size, max_context)
+
+    sequential = measure(
+        "(b) sequential, one episode at a time", local(LocalBackend(make_env, PlainGenerate(engine)), 1)
+    )
+    raw = measure("(d) raw engine, same batches, no Ray", local(LocalBackend(make_env, engine), batch_size))
     del engine
 
-    import ray
-
-    from actors.ray_connection import connect_ray
-
-    from actors.rollout_pool import RayRolloutBackend, start_pool
-
-    connect_ray(config)
-    pool = start_pool(config)
-    ray_path = measure("(a) Ray path (collect)", tasks, RayRolloutBackend(pool), prompt, params, batch_size, max_context)
+    rollouts = start_rollout_service(compose_config("collect", [*overrides, f"batch_size={batch_size}"]))
+    ray_path = measure("(a) Ray path (collect)", lambda: rollouts.episodes(tasks, params))
+    rollouts.close()
     runs = [ray_path, sequential, raw]
     vllm_path = None
     if importlib.util.find_spec("vllm"):
-        for actor in pool.workers + pool.env_actors:
-            ray.kill(actor, no_restart=True)
-        pool = start_pool(compose_config("collect", [*overrides, f"engine={vllm_engine}"]))
-        vllm_path = measure(f"(c) Ray path, engine={vllm_engine}", tasks, RayRolloutBackend(pool), prompt, params, batch_size, max_context)
+        engine_config = compose_config("collect", [*overrides, f"batch_size={batch_size}", f"engine={vllm_engine}"])
+        rollouts = start_rollout_service(engine_config)
+        vllm_path = measure(f"(c) Ray path, engine={vllm_engine}", lambda: rollouts.episodes(tasks, params))
+        rollouts.close()
         runs.append(vllm_path)
     for run in runs:
-        rows.append((run["name"], run["episodes"], run["tokens"], f"{run['seconds']:.1f}",
-                     f"{run['tokens'] / run['seconds']:.1f}", f"{run['episodes'] / run['seconds']:.3f}"))
+        rows.append(
+            (
+                run["name"],
+                run["episodes"],
+                run["tokens"],
+                f"{run['seconds']:.1f}",
+                f"{run['tokens'] / run['seconds']:.1f}",
+                f"{run['episodes'] / run['seconds']:.3f}",
+            )
+        )
     if vllm_path is None:
         rows.append(("(c) vLLM engine: not installed", "-", "-", "-", "-", "-"))
     print_table(

@@ -65,8 +65,17 @@ def main() -> None:
         greedy_rate = rate if greedy_rate is None else greedy_rate
         ratio = f"{rate / greedy_rate:.2f}x" if greedy_rate else ("n/a (greedy 0)" if temperature else "1.00x")
         print(f"T={temperature} top_p={top_p}: valid call rate {rate:.2f} ({seconds:.0f} s)", flush=True)
-        rows.append((f"T={temperature} top_p={top_p}", len(replies), f"{called / len(replies):.2f}", f"{rate:.2f}",
-                     f"{right / len(replies):.2f}", f"{sum(len(g.token_ids) for g in generations) / seconds:.0f}", ratio))
+        rows.append(
+            (
+                f"T={temperature} top_p={top_p}",
+                len(replies),
+                f"{called / len(replies):.2f}",
+                f"{rate:.2f}",
+                f"{right / len(replies):.2f}",
+                f"{sum(len(g.token_ids) for g in generations) / seconds:.0f}",
+                ratio,
+            )
+        )
     print_table(
         f"first-turn tool calls of {config.model.name} on {config.env.name} (7 tasks, one per family)",
         ["setting", "samples", "called", "valid call", "oracle's tool", "tokens/s", "valid vs greedy"],

@@ -54,7 +54,11 @@ APP = "serve_latency"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny_random", help="model config (conf/model/)")
-    parser.add_argument("--run-dir", default=None, help="a run directory with adapters/ (default: a temporary one with two random adapters)")
+    parser.add_argument(
+        "--run-dir",
+        default=None,
+        help="a run directory with adapters/ (default: a temporary one with two random adapters)",
+    )
     parser.add_argument("--requests", type=int, default=16, help="conversations (device tasks)")
     parser.add_argument("--concurrency", type=int, default=8, help="clients at once in the concurrent round")
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -67,7 +71,13 @@ def write_demo_run(run_dir: Path, model: str) -> None:
 
     config = compose_config("train", [f"model={model}", "lora.rank=4", "lora.alpha=8"])
     entries = [
-        {"name": n, "description": f"the {n.replace('_', ' ')} skill", "status": "READY", "environment": f"synthetic/{n}"} for n in CAPABILITIES
+        {
+            "name": n,
+            "description": f"the {n.replace('_', ' ')} skill",
+            "status": "READY",
+            "environment": f"synthetic/{n}",
+        }
+        for n in CAPABILITIES
     ]
     (run_dir / "capabilities").mkdir(parents=True)
     (run_dir / "capabilities" / "selected.json").write_text(json.dumps(entries))
@@ -91,7 +101,9 @@ def device_requests(count: int, max_tokens: int) -> list[dict]:
     requests = []
     for seed in env.task_seeds("eval")[:count]:
         reset = env.reset(seed)
-        requests.append({"messages": list(reset.messages), "tools": list(reset.tools), "temperature": 0, "max_tokens": max_tokens})
+        requests.append(
+            {"messages": list(reset.messages), "tools": list(reset.tools), "temperature": 0, "max_tokens": max_tokens}
+        )
     return requests
 
 
@@ -156,7 +168,8 @@ class Paths:
         return through_ingress, self.direct(task, tagged(request, "twin"))
 
     def pair(self, task: int, request: dict, client: httpx.Client, forced: bool = False) -> tuple[float, float]:
-        """(ingress s, direct s) of one task: a new conversation through the ingress first; else even tasks ingress first, odd ones direct first."""
+        """(ingress s, direct s) of one task: a new conversation through the ingress first; else even tasks ingress
+        first, odd ones direct first."""
         if task % 2 == 0 or task not in self.adapters:
             through_ingress = self.ingress(task, request, client, forced)
             return through_ingress, self.direct(task, request)
@@ -177,19 +190,27 @@ def main(argv: list[str] | None = None) -> None:
         if not args.run_dir:
             write_demo_run(run_dir, args.model)
         port = free_port()
-        config = compose_config("serve", [f"model={args.model}", f"run_dir={run_dir}", "router=logit", f"serve.port={port}"])
+        config = compose_config(
+            "serve", [f"model={args.model}", f"run_dir={run_dir}", "router=logit", f"serve.port={port}"]
+        )
         plan = serve_plan(config, run_dir)
         routed = plan.router != "none"
         model = f"{config.model.name}:auto" if routed else f"{config.model.name}:{plan.adapters[0].name}"
         requests = device_requests(args.requests, args.max_tokens)
-        print(f"settings: model={config.model.name}, {len(plan.adapters)} adapters, ingress model={model} "
-              f"({'router=logit' if routed else 'forced adapter'}), {len(requests)} device tasks, greedy, max_tokens={args.max_tokens}, "
-              f"{args.concurrency} concurrent clients, {os.cpu_count()} cores", flush=True)
+        print(
+            f"settings: model={config.model.name}, {len(plan.adapters)} adapters, ingress model={model} "
+            f"({'router=logit' if routed else 'forced adapter'}), {len(requests)} device tasks, greedy, "
+            f"max_tokens={args.max_tokens}, "
+            f"{args.concurrency} concurrent clients, {os.cpu_count()} cores",
+            flush=True,
+        )
         connect_ray(config)
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             serve.run(build_app(config, run_dir), name=APP, route_prefix="/", blocking=False)
-            paths = Paths(f"http://127.0.0.1:{port}", model, config, serve.get_deployment_handle("ChatLLM", app_name=APP))
+            paths = Paths(
+                f"http://127.0.0.1:{port}", model, config, serve.get_deployment_handle("ChatLLM", app_name=APP)
+            )
             rows = []
             with httpx.Client(timeout=600) as client:
                 paths.pair(0, tagged(requests[0], "warm-up"), client)  # first calls of both paths
@@ -210,15 +231,31 @@ def main(argv: list[str] | None = None) -> None:
     for name, ingress, direct in rows:
         (ingress_p50, ingress_p95), (direct_p50, direct_p95) = percentiles(ingress), percentiles(direct)
         overhead = ingress_p50 / direct_p50 - 1
-        table.append((name, f"{ingress_p50 * 1000:.0f}", f"{ingress_p95 * 1000:.0f}", f"{direct_p50 * 1000:.0f}", f"{direct_p95 * 1000:.0f}",
-                      f"{overhead:+.1%}", "met" if overhead < 0.10 else "NOT met"))
+        table.append(
+            (
+                name,
+                f"{ingress_p50 * 1000:.0f}",
+                f"{ingress_p95 * 1000:.0f}",
+                f"{direct_p50 * 1000:.0f}",
+                f"{direct_p95 * 1000:.0f}",
+                f"{overhead:+.1%}",
+                "met" if overhead < 0.10 else "NOT met",
+            )
+        )
     print_table(
-        f"latency per request, ms ({len(requests)} requests per path and round); ingress answered with: {', '.join(chosen)}",
-        ["round", "ingress p50", "ingress p95", "direct p50", "direct p95", "overhead at p50", "target < 10%"], table,
+        f"latency per request, ms ({len(requests)} requests per path and round); ingress answered with: "
+        f"{', '.join(chosen)}",
+        ["round", "ingress p50", "ingress p95", "direct p50", "direct p95", "overhead at p50", "target < 10%"],
+        table,
     )
-    print("ingress = HTTP + request checks + router (+ its decision cache) + LLM deployment; direct = the LLM deployment's handle")
-    print("first turn: the router reads each new conversation; repeated turn and concurrent: its cached decision; "
-          "forced adapter: the request names the adapter, no routing (HTTP and the ingress alone)")
+    print(
+        "ingress = HTTP + request checks + router (+ its decision cache) + LLM deployment; direct = the LLM "
+        "deployment's handle"
+    )
+    print(
+        "first turn: the router reads each new conversation; repeated turn and concurrent: its cached decision; "
+        "forced adapter: the request names the adapter, no routing (HTTP and the ingress alone)"
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ optimizer and rows already in memory); a path the kernel kills for memory is
 shown as OOM. Prints a table and each path's ratio to the old one (target:
 new <= 0.4x at 8k tokens).
 
-    python benchmarks/update_memory.py [--lengths 2048 4096 8192] [--members 2] [--reply-tokens 64] [--model smollm2_135m]
+    python benchmarks/update_memory.py [--lengths 2048 4096 8192] [--members 2] [--reply-tokens 64] [--model
+    smollm2_135m]
 """
 
 from __future__ import annotations
@@ -59,10 +60,13 @@ def old_update(policy, optimizer, rows, temperature: float) -> None:
         old[index, : len(row.token_ids) - 1] = torch.tensor(row.logprobs[1:])
     optimizer.zero_grad(set_to_none=True)
     logits = policy(input_ids=ids, attention_mask=attention).logits
-    new = torch.stack([
-        (logits[b, :-1].float() / temperature).gather(-1, ids[b, 1:, None]).squeeze(-1) - torch.logsumexp(logits[b, :-1].float() / temperature, -1)
-        for b in range(len(rows))
-    ])
+    new = torch.stack(
+        [
+            (logits[b, :-1].float() / temperature).gather(-1, ids[b, 1:, None]).squeeze(-1)
+            - torch.logsumexp(logits[b, :-1].float() / temperature, -1)
+            for b in range(len(rows))
+        ]
+    )
     loss, _ = policy_loss(new, old, torch.tensor([row.advantage for row in rows]), mask)
     loss.backward()
     optimizer.step()
@@ -75,10 +79,15 @@ def measure(path: str, length: int, members: int, reply_tokens: int, model: str)
     from trace_ray.config_compose import compose_config
     from trace_ray.training.action_logprobs import ActionLogprobs
     from trace_ray.training.groups import TrainingRow
-    from trace_ray.training.lora_model import lora_parameters, trainable_model
     from trace_ray.training.grpo_iteration import update
+    from trace_ray.training.lora_model import lora_parameters, trainable_model
 
-    overrides = [f"model={model}", "lora.rank=16", f"grpo.mini_batch_size={members}", "grpo.max_tokens_per_micro_batch=1000000"]
+    overrides = [
+        f"model={model}",
+        "lora.rank=16",
+        f"grpo.mini_batch_size={members}",
+        "grpo.max_tokens_per_micro_batch=1000000",
+    ]
     overrides.append(f"trainer.gradient_checkpointing={'true' if path == 'new+ckpt' else 'false'}")
     config = compose_config("train", overrides)
     policy, _ = trainable_model(config.model, config.lora, config.seed)
@@ -99,8 +108,14 @@ def measure(path: str, length: int, members: int, reply_tokens: int, model: str)
     if path == "old":
         old_update(policy, optimizer, rows, config.grpo.temperature)
     else:
-        update(ActionLogprobs(policy, config.grpo.temperature, config.trainer.gradient_checkpointing), policy, optimizer, rows,
-               config, torch.Generator().manual_seed(0))
+        update(
+            ActionLogprobs(policy, config.grpo.temperature, config.trainer.gradient_checkpointing),
+            policy,
+            optimizer,
+            rows,
+            config,
+            torch.Generator().manual_seed(0),
+        )
     seconds = time.perf_counter() - started
     return {"peak_mib": (resident_kib("VmHWM") - before) / 1024, "seconds": seconds}
 
@@ -121,13 +136,28 @@ def main(argv: list[str] | None = None) -> None:
 
     from trace_ray.console import print_table
 
-    print(f"settings: model={args.model}, {args.members} trajectories sharing a prompt, 2 x {args.reply_tokens} action tokens each, "
-          "LoRA rank 16, float32, one update step per path, each in a fresh process", flush=True)
+    print(
+        f"settings: model={args.model}, {args.members} trajectories sharing a prompt, 2 x {args.reply_tokens} action "
+        "tokens each, "
+        "LoRA rank 16, float32, one update step per path, each in a fresh process",
+        flush=True,
+    )
     rows, results = [], {}
     for length in args.lengths:
         for path in PATHS:
-            child = [sys.executable, __file__, "--measure", path, str(length), "--members", str(args.members),
-                     "--reply-tokens", str(args.reply_tokens), "--model", args.model]
+            child = [
+                sys.executable,
+                __file__,
+                "--measure",
+                path,
+                str(length),
+                "--members",
+                str(args.members),
+                "--reply-tokens",
+                str(args.reply_tokens),
+                "--model",
+                args.model,
+            ]
             done = subprocess.run(child, capture_output=True, text=True)
             if done.returncode in (-9, 137):  # the kernel's out-of-memory killer
                 results[(length, path)] = None
@@ -137,14 +167,21 @@ def main(argv: list[str] | None = None) -> None:
                 last = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 sys.exit(f"update_memory: {path} at {length} tokens failed (exit {done.returncode}): {last}")
             results[(length, path)] = json.loads(done.stdout.strip().splitlines()[-1])
-            print(f"  {length} tokens, {path}: {results[(length, path)]['peak_mib']:.0f} MiB, {results[(length, path)]['seconds']:.1f} s", flush=True)
+            print(
+                f"  {length} tokens, {path}: {results[(length, path)]['peak_mib']:.0f} MiB, "
+                f"{results[(length, path)]['seconds']:.1f} s",
+                flush=True,
+            )
         measured = [results[(length, path)] for path in PATHS]
         old = measured[0]
-        rows.append((
-            str(length), *(f"{found['peak_mib']:.0f}" if found else "OOM" for found in measured),
-            *(f"{found['peak_mib'] / old['peak_mib']:.2f}x" if found and old else "-" for found in measured[1:]),
-            *(f"{found['seconds']:.1f}" if found else "-" for found in measured),
-        ))
+        rows.append(
+            (
+                str(length),
+                *(f"{found['peak_mib']:.0f}" if found else "OOM" for found in measured),
+                *(f"{found['peak_mib'] / old['peak_mib']:.2f}x" if found and old else "-" for found in measured[1:]),
+                *(f"{found['seconds']:.1f}" if found else "-" for found in measured),
+            )
+        )
     print_table(
         "peak memory of one update (MiB above the resident set before it) and its seconds",
         ["tokens", "old MiB", "new MiB", "new+ckpt MiB", "new/old", "new+ckpt/old", "old s", "new s", "new+ckpt s"],
@@ -156,7 +193,10 @@ def main(argv: list[str] | None = None) -> None:
         ratio = new["peak_mib"] / old["peak_mib"]
         print(f"target at {longest} tokens: new <= 0.4x old: {'met' if ratio <= 0.4 else 'NOT met'} ({ratio:.2f}x)")
     else:
-        print(f"at {longest} tokens: old {'out of memory' if not old else 'ran'}, new {'out of memory' if not new else 'ran'}: no ratio")
+        print(
+            f"at {longest} tokens: old {'out of memory' if not old else 'ran'}, new "
+            f"{'out of memory' if not new else 'ran'}: no ratio"
+        )
 
 
 if __name__ == "__main__":

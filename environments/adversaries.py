@@ -21,14 +21,25 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from environments.protocol import Environment, Message, ResetResult, ToolSchema
 
 WEEKDAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MONTH_NAMES = (
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 )
 CALLS_PER_TURN = 6  # tool calls the agents put in one message (below every environment's per-turn limit)
 VARIANTS_PER_TOOL = 6  # argument sets the spray agent tries per tool
@@ -40,7 +51,9 @@ def distractors() -> list[str]:
     words = [*WEEKDAY_NAMES, *MONTH_NAMES, "yes", "no", "true", "false", "on", "off", "none", "noon", "midnight"]
     dates = [f"{month} {day}" for month in MONTH_NAMES for day in range(1, 32)]
     numbers = [str(number) for number in range(0, 101)]
-    clock = [f"{hour}:{minute:02d} {half}" for half in ("am", "pm") for hour in range(1, 13) for minute in (0, 15, 30, 45)]
+    clock = [
+        f"{hour}:{minute:02d} {half}" for half in ("am", "pm") for hour in range(1, 13) for minute in (0, 15, 30, 45)
+    ]
     clock += [f"{hour:02d}:{minute:02d}" for hour in range(24) for minute in (0, 15, 30, 45)]
     amounts = [f"${amount}.00" for amount in (*range(0, 101, 5), 150, 200, 250, 500, 1000)]
     return words + dates + numbers + clock + amounts
@@ -104,7 +117,11 @@ class DumpAgent:
     def __init__(self, reset: ResetResult):
         self.observer = _Observer()
         self.observer.see(reset.messages)
-        self.pending = [_call(tool["function"]["name"], {}, f"call_dump_{index}") for index, tool in enumerate(reset.tools) if not _required(tool)]
+        self.pending = [
+            _call(tool["function"]["name"], {}, f"call_dump_{index}")
+            for index, tool in enumerate(reset.tools)
+            if not _required(tool)
+        ]
 
     def act(self, observed: list[Message]) -> Message:
         self.observer.see(observed)
@@ -128,7 +145,10 @@ class SprayAgent(DumpAgent):
         self.observer.see(observed)
         if not self.pending and not self.sprayed:
             self.sprayed = True
-            self.pending = [_call(name, arguments, f"call_spray_{index}") for index, (name, arguments) in enumerate(self.spray_calls())]
+            self.pending = [
+                _call(name, arguments, f"call_spray_{index}")
+                for index, (name, arguments) in enumerate(self.spray_calls())
+            ]
         return super().act([])
 
     def spray_calls(self) -> list[tuple[str, dict[str, Any]]]:

@@ -23,7 +23,8 @@ TOOL_USE_CAPABILITIES: dict[str, str] = {
         "Carry out every action of a request that asks for several, instead of stopping after the first."
     ),
     "precondition_verification": (
-        "Make the required checks (look up the contact or reminder, read the clock, ask which one) before changing state."
+        "Make the required checks (look up the contact or reminder, read the clock, ask which one) before changing "
+        "state."
     ),
     "structured_data_reasoning": (
         "Pick the right record from tool results (the intended contact, reminder or newest message) and use its fields."

@@ -30,7 +30,6 @@ ToolSchema = dict[str, Any]
 SPLITS = ("analysis", "eval", "train")
 
 
-
 def tool_call_message(name: str, arguments: dict[str, Any], call_id: str) -> Message:
     """An assistant message making one call of tool ``name`` (the moves of oracles and adversaries)."""
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
@@ -69,12 +68,10 @@ class Environment(abc.ABC):
         """The ``index``-th training seed; disjoint from every benchmark seed."""
 
     @abc.abstractmethod
-    def reset(self, seed: int) -> ResetResult:
-        ...
+    def reset(self, seed: int) -> ResetResult: ...
 
     @abc.abstractmethod
-    def step(self, assistant_message: Message) -> StepResult:
-        ...
+    def step(self, assistant_message: Message) -> StepResult: ...
 
     @abc.abstractmethod
     def oracle_message(self) -> Message:

@@ -1,9 +1,10 @@
-"""Find environments by name (``env=device``, ``tau2_airline``, ``tau2_retail``, ``code_repair``, ``swebench``, ``synthetic/<capability>``)."""
+"""Find environments by name (``env=device``, ``tau2_airline``, ``tau2_retail``, ``code_repair``, ``swebench``,
+``synthetic/<capability>``)."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 from environments.protocol import Environment
 
@@ -37,7 +38,9 @@ def environment_factory(name: str) -> Callable[..., Environment]:
     try:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise UnknownEnvironmentError(f"cannot load environment {name!r} ({exc}); check the module path and the factory name") from None
+        raise UnknownEnvironmentError(
+            f"cannot load environment {name!r} ({exc}); check the module path and the factory name"
+        ) from None
 
 
 def make_environment(name: str, **options) -> Environment:

@@ -32,9 +32,10 @@ import json
 import random
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from environments.adversaries import ADVERSARIES, play_adversary
 from environments.protocol import Environment, Message, ResetResult, StepResult, ToolSchema
@@ -104,8 +105,11 @@ def play(env: Environment, seed: int, policy: Policy, max_steps: int = 100) -> t
     return _finish(env, seed, policy, max_steps)
 
 
-def play_recorded(env: Environment, seed: int, policy: Policy, max_steps: int = 100) -> tuple[list[Message], ResetResult, StepResult]:
-    """Run one episode with a scripted policy, keeping every message; (messages, the reset's result, the last step's)."""
+def play_recorded(
+    env: Environment, seed: int, policy: Policy, max_steps: int = 100
+) -> tuple[list[Message], ResetResult, StepResult]:
+    """Run one episode with a scripted policy, keeping every message; (messages, the reset's result, the last
+    step's)."""
     reset = env.reset(seed)
     messages = list(reset.messages)
     for _ in range(max_steps):
@@ -146,7 +150,10 @@ def play_broken_oracle(env: Environment, seed: int, max_steps: int = 100) -> tup
     script = [message for message in messages if message.get("role") == "assistant"]
     env.reset(seed)
     turns = set(env.capability_turns())
-    broken = [(env.broken_step(turn) or broken_message(message)) if turn in turns else message for turn, message in enumerate(script)]
+    broken = [
+        (env.broken_step(turn) or broken_message(message)) if turn in turns else message
+        for turn, message in enumerate(script)
+    ]
     return _finish(env, seed, lambda env: broken.pop(0) if broken else do_nothing(env), max_steps)
 
 
@@ -167,6 +174,7 @@ def _random_value(spec: dict[str, Any], rng: random.Random) -> Any:
 
 def random_action(tools: list[ToolSchema], rng: random.Random) -> Policy:
     """Random tools with random (schema-shaped) arguments for ``RANDOM_TURNS`` turns, then a short reply."""
+
     def policy(env: Environment) -> Message:
         if policy.turns >= RANDOM_TURNS or not tools:
             return {"role": "assistant", "content": "Done."}
@@ -174,7 +182,11 @@ def random_action(tools: list[ToolSchema], rng: random.Random) -> Policy:
         function = rng.choice(tools)["function"]
         properties = function.get("parameters", {}).get("properties", {})
         arguments = {name: _random_value(spec, rng) for name, spec in properties.items() if rng.random() < 0.8}
-        call = {"id": f"call_random_{policy.turns}", "type": "function", "function": {"name": function["name"], "arguments": json.dumps(arguments)}}
+        call = {
+            "id": f"call_random_{policy.turns}",
+            "type": "function",
+            "function": {"name": function["name"], "arguments": json.dumps(arguments)},
+        }
         return {"role": "assistant", "content": None, "tool_calls": [call]}
 
     policy.turns = 0
@@ -193,19 +205,27 @@ def _failures(seeds: list[int], failed: list[int]) -> str:
     return f"{len(seeds) - len(failed)}/{len(seeds)} tasks; failing seeds: {shown}{' ...' if len(failed) > 8 else ''}"
 
 
-def _weak_agent_check(name: str, seeds: list[int], rewards: list[float], every_task: bool, at_most: float = WEAK_MEAN) -> CheckResult:
+def _weak_agent_check(
+    name: str, seeds: list[int], rewards: list[float], every_task: bool, at_most: float = WEAK_MEAN
+) -> CheckResult:
     """Mean reward at most ``at_most``; with ``every_task`` also below 1.0 on every task."""
     mean = sum(rewards) / len(rewards)
     if not every_task:
         return CheckResult(name, mean <= at_most, f"mean {mean:.3f} (at most {at_most})")
     failed = [seed for seed, reward in zip(seeds, rewards) if reward >= 1.0]
-    return CheckResult(name, not failed and mean <= at_most, f"mean {mean:.3f} (at most {at_most}); " + _failures(seeds, failed))
+    return CheckResult(
+        name, not failed and mean <= at_most, f"mean {mean:.3f} (at most {at_most}); " + _failures(seeds, failed)
+    )
 
 
 def run_self_checks(
-    make_env: Callable[[], Environment], seeds: list[int], target_tools: list[ToolSchema] | None = None,
-    workers: int = 1, on_check: Callable[[CheckResult], None] | None = None,
-    on_episode: Callable[[str], None] | None = None, agents: list[str] | None = None,
+    make_env: Callable[[], Environment],
+    seeds: list[int],
+    target_tools: list[ToolSchema] | None = None,
+    workers: int = 1,
+    on_check: Callable[[CheckResult], None] | None = None,
+    on_episode: Callable[[str], None] | None = None,
+    agents: list[str] | None = None,
 ) -> list[CheckResult]:
     """Every check on ``seeds``; ``target_tools`` marks a synthetic environment of that target.
 
@@ -233,6 +253,7 @@ def run_self_checks(
 
     rewards: dict[str, list[float]] = {}
     with _EpisodePool(env, make_env, workers) as pool:
+
         def score(agent: str, episode: Callable[[Environment, int], float]) -> list[float]:
             rewards[agent] = pool.play(seeds, episode, (lambda: on_episode(agent)) if on_episode else None)
             return rewards[agent]
@@ -240,34 +261,58 @@ def run_self_checks(
         scored = score("oracle", lambda env, seed: play(env, seed, oracle)[0])
         failed = [seed for seed, reward in zip(seeds, scored) if reward != 1.0]
         add(CheckResult("oracle scores 1.0", not failed, _failures(seeds, failed)))
-        weak = [(agent, lambda env, seed, policy=policy: play(env, seed, policy)[0])
-                for agent, policy in (("do-nothing", do_nothing), ("wrong-action", wrong_action))]
+        weak = [
+            (agent, lambda env, seed, policy=policy: play(env, seed, policy)[0])
+            for agent, policy in (("do-nothing", do_nothing), ("wrong-action", wrong_action))
+        ]
         # the reward farmers of every environment, then the environment's own (each episode takes its policy from
         # the environment it plays on: a policy may keep state for its episode)
-        farmers = [(farmer.name, lambda env, seed, farmer=farmer: play_adversary(env, seed, farmer)) for farmer in ADVERSARIES]
-        farmers += [(name, lambda env, seed, name=name: play(env, seed, dict(env.adversaries())[name])[0])
-                    for name, _ in env.adversaries()]
+        farmers = [
+            (farmer.name, lambda env, seed, farmer=farmer: play_adversary(env, seed, farmer)) for farmer in ADVERSARIES
+        ]
+        farmers += [
+            (name, lambda env, seed, name=name: play(env, seed, dict(env.adversaries())[name])[0])
+            for name, _ in env.adversaries()
+        ]
         known = [name for name, _ in weak] + ["random-action"] + [name for name, _ in farmers]
         unknown = sorted(set(agents or ()) - set(known))
         if unknown:
-            raise ValueError(f"no self-check agent named {', '.join(unknown)}; this environment's agents: {', '.join(known)}")
+            raise ValueError(
+                f"no self-check agent named {', '.join(unknown)}; this environment's agents: {', '.join(known)}"
+            )
         wanted = set(known if agents is None else agents)
         for agent, episode in weak:
             if agent in wanted:
-                add(_weak_agent_check(f"{agent} agent scores < 1.0, mean <= {WEAK_MEAN}", seeds, score(agent, episode), every_task=True))
+                add(
+                    _weak_agent_check(
+                        f"{agent} agent scores < 1.0, mean <= {WEAK_MEAN}",
+                        seeds,
+                        score(agent, episode),
+                        every_task=True,
+                    )
+                )
         # a random agent may luck into a one-bit task (a setting on or off): judged on its mean only
         if "random-action" in wanted:
             scored = score("random-action", lambda env, seed: play_random(env, seed)[0])
             add(_weak_agent_check(f"random-action agent mean <= {WEAK_MEAN}", seeds, scored, every_task=False))
         for name, episode in farmers:
             if name in wanted:
-                add(_weak_agent_check(f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}", seeds, score(name, episode),
-                                      every_task=True, at_most=FARMER_MEAN))
+                add(
+                    _weak_agent_check(
+                        f"{name} agent scores < 1.0, mean <= {FARMER_MEAN}",
+                        seeds,
+                        score(name, episode),
+                        every_task=True,
+                        at_most=FARMER_MEAN,
+                    )
+                )
         if target_tools is not None:
             broken = score("broken-step", lambda env, seed: play_broken_oracle(env, seed)[0])
             failed = [seed for seed, reward in zip(seeds, broken) if reward >= 1.0]
             add(CheckResult("capability necessary (broken step scores < 1.0)", not failed, _failures(seeds, failed)))
-    outside = sorted({seed for values in rewards.values() for seed, reward in zip(seeds, values) if not 0.0 <= reward <= 1.0})
+    outside = sorted(
+        {seed for values in rewards.values() for seed, reward in zip(seeds, values) if not 0.0 <= reward <= 1.0}
+    )
     add(CheckResult("rewards within [0, 1]", not outside, _failures(seeds, outside)))
 
     fresh = make_env()
@@ -297,15 +342,17 @@ class _EpisodePool:
         self.lock = threading.Lock()
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="self-check")
 
-    def __enter__(self) -> "_EpisodePool":
+    def __enter__(self) -> _EpisodePool:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
 
-    def play(self, seeds: list[int], episode: Callable[[Environment, int], float],
-             on_done: Callable[[], None] | None) -> list[float]:
+    def play(
+        self, seeds: list[int], episode: Callable[[Environment, int], float], on_done: Callable[[], None] | None
+    ) -> list[float]:
         """``episode(env, seed)`` for every seed; the rewards in the order of ``seeds``."""
+
         def run(seed: int) -> float:
             with self.lock:
                 env = self.idle.pop() if self.idle else self.make_env()

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from environments.protocol import Environment, Message, ResetResult, StepResult, ToolSchema
 
@@ -182,7 +183,9 @@ class ToolEnvironment(Environment):
             done = True
             self.log.termination = "max_turns"
         turn_errors = [
-            {"name": call.name, "error": call.result} for call in self.log.tool_calls if call.turn == self.log.turns and not call.ok
+            {"name": call.name, "error": call.result}
+            for call in self.log.tool_calls
+            if call.turn == self.log.turns and not call.ok
         ]
         info: dict[str, Any] = {"turn": self.log.turns, "tool_errors": turn_errors}
         reward = 0.0

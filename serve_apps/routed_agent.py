@@ -55,12 +55,13 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentResponseGenerator
 from starlette.exceptions import HTTPException
 
+from environments.errors import TraceRayError
 from serve_apps.openai_chat import (
     AUTO,
     BASE,
     MOE,
-    ChatRequest,
     STREAM_END,
+    ChatRequest,
     ReplyText,
     RequestError,
     chat_completion,
@@ -76,15 +77,12 @@ from serve_apps.openai_chat import (
     server_sent_event,
     stream_head,
 )
-from trace_ray.config import ServeConfig, TraceConfig
-from environments.errors import TraceRayError
 from trace_ray.agent_prompt import AgentPrompt
+from trace_ray.config import ServeConfig, TraceConfig
 from trace_ray.config_compose import compose_config
-from trace_ray.engines import SamplingParams
-from trace_ray.engines import make_engine
+from trace_ray.engines import SamplingParams, make_engine
 from trace_ray.models import load_model
-from trace_ray.routing.adapters import read_peft_folder
-from trace_ray.routing.adapters import served_adapters
+from trace_ray.routing.adapters import read_peft_folder, served_adapters
 from trace_ray.routing.lora_moe import moe_engine
 from trace_ray.routing.routers import build_router
 
@@ -97,7 +95,8 @@ INGRESS_HEADROOM = 64  # requests the ingress takes beyond serve.max_concurrent_
 CONSTRUCTOR_RETRIES = 3  # a replica that cannot load its model fails fast instead of Serve's 20 tries
 RESEND_PAUSE_S = 0.1  # the pause before a request whose replica died is sent again, doubled at each death
 DRAIN_CHECK_S = 0.5  # how often a replica being removed checks whether its requests have finished
-HEALTH_CHECK_S = 2  # how often Serve checks each replica: a dead one is noticed (and replaced) within this (Serve: 10 s)
+# how often Serve checks each replica: a dead one is noticed (and replaced) within this (Serve: 10 s)
+HEALTH_CHECK_S = 2
 
 api = FastAPI(title="trace-ray routed agent")
 
@@ -109,7 +108,10 @@ async def _request_error(_: Request, error: RequestError) -> JSONResponse:
 
 @api.exception_handler(HTTPException)
 async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
-    message = f"{request.method} {request.url.path}: {error.detail}; use POST /v1/chat/completions, GET /v1/models or GET /healthz"
+    message = (
+        f"{request.method} {request.url.path}: {error.detail}; use POST /v1/chat/completions, GET /v1/models or "
+        "GET /healthz"
+    )
     code = "not_found" if error.status_code == 404 else None
     return JSONResponse(RequestError(error.status_code, message, code).body(), status_code=error.status_code)
 
@@ -168,8 +170,11 @@ class ChatLLM:
         prompt_ids = self.prompt.prompt_ids(chat.messages, chat.tools, [])
         if len(prompt_ids) + chat.max_tokens > self.max_context_tokens:
             raise RequestError(
-                400, f"the prompt is {len(prompt_ids)} tokens and max_tokens {chat.max_tokens}: over the model's context of "
-                f"{self.max_context_tokens} tokens; shorten the conversation or lower max_tokens", "context_length_exceeded",
+                400,
+                f"the prompt is {len(prompt_ids)} tokens and max_tokens {chat.max_tokens}: over the model's "
+                "context of "
+                f"{self.max_context_tokens} tokens; shorten the conversation or lower max_tokens",
+                "context_length_exceeded",
             )
         loop, tokens, ended = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
 
@@ -195,11 +200,15 @@ class ChatLLM:
             ended.set()
         turn = sum(message["role"] == "assistant" for message in chat.messages)
         reply_text, stopped = text.cut(self.engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True))
-        yield {"final": {
-            "reply": reply_message(self.prompt.parse_text(reply_text, turn=turn), reply_text, bool(chat.tools)),
-            "finish_reason": "stop" if stopped else generation.finish_reason,
-            "prompt_tokens": len(prompt_ids), "completion_tokens": len(generation.token_ids), "sent": text.sent,
-        }}
+        yield {
+            "final": {
+                "reply": reply_message(self.prompt.parse_text(reply_text, turn=turn), reply_text, bool(chat.tools)),
+                "finish_reason": "stop" if stopped else generation.finish_reason,
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(generation.token_ids),
+                "sent": text.sent,
+            }
+        }
 
     async def generate(self, chat: ChatRequest, adapter: str | None) -> dict:
         """The finished reply (the last event of :meth:`generate_stream`)."""
@@ -215,7 +224,8 @@ class ConversationRouter:
     def __init__(self, config: TraceConfig, adapters: list):
         import torch
 
-        torch.set_num_threads(config.serve.router_threads or os.cpu_count() or 1)  # Ray gives a fractional-CPU actor one thread
+        # Ray gives a fractional-CPU actor one thread
+        torch.set_num_threads(config.serve.router_threads or os.cpu_count() or 1)
         model, tokenizer = load_model(config.model)
         if config.serve.router_num_gpus > 0:
             model = model.to("cuda")
@@ -235,8 +245,13 @@ class ConversationRouter:
 # defined before the ingress: serve.ingress pickles the FastAPI app, and what it calls, when it decorates the class
 def too_large(size: int, limit: int, read_so_far: bool = False) -> RequestError:
     size_text = f"more than {limit} bytes (reading stopped at {size})" if read_so_far else f"{size} bytes"
-    return RequestError(413, f"the request body is {size_text}, over this server's limit of {limit} (serve.max_request_bytes); "
-                        "send a shorter conversation or raise the limit", "request_too_large")
+    return RequestError(
+        413,
+        f"the request body is {size_text}, over this server's limit of {limit} "
+        "(serve.max_request_bytes); "
+        "send a shorter conversation or raise the limit",
+        "request_too_large",
+    )
 
 
 def key_digest(key: str) -> str:
@@ -257,13 +272,18 @@ class ReplicaDeaths:
         self.limits, self.deadline, self.count = limits, deadline, 0
 
     async def pause_before_resending(self, exc: RayActorError, what: str) -> None:
-        pause = RESEND_PAUSE_S * 2 ** self.count
+        pause = RESEND_PAUSE_S * 2**self.count
         self.count += 1
         if self.count > self.limits.replica_retries or time.monotonic() + pause >= self.deadline:
             raise RequestError(
-                503, f"{what} failed: {self.count} replica(s) died while answering ({type(exc).__name__}); Serve replaces them: retry "
-                "in a few seconds, and run more replicas (serve.llm_replicas) or allow more resends (serve.replica_retries)",
-                "replica_unavailable", "server_error", {"Retry-After": str(self.limits.retry_after_s)},
+                503,
+                f"{what} failed: {self.count} replica(s) died while answering ({type(exc).__name__}); Serve "
+                "replaces them: retry "
+                "in a few seconds, and run more replicas (serve.llm_replicas) or allow more resends "
+                "(serve.replica_retries)",
+                "replica_unavailable",
+                "server_error",
+                {"Retry-After": str(self.limits.retry_after_s)},
             )
         await asyncio.sleep(pause)
 
@@ -290,11 +310,20 @@ class ChatIngress:
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         variable = self.limits.api_key_env
         if scheme.lower() != "bearer" or not key.strip():
-            raise RequestError(401, f"missing API key; send the header 'Authorization: Bearer <key>' with the key set in {variable} on the server",
-                               "missing_api_key", "authentication_error")
+            raise RequestError(
+                401,
+                "missing API key; send the header 'Authorization: Bearer <key>' with the key set "
+                f"in {variable} on the server",
+                "missing_api_key",
+                "authentication_error",
+            )
         if not hmac.compare_digest(key_digest(key.strip()), self.api_key_digest):
-            raise RequestError(401, f"wrong API key; send the key set in {variable} on the server as 'Authorization: Bearer <key>'",
-                               "invalid_api_key", "authentication_error")
+            raise RequestError(
+                401,
+                f"wrong API key; send the key set in {variable} on the server as 'Authorization: Bearer <key>'",
+                "invalid_api_key",
+                "authentication_error",
+            )
 
     async def _body(self, request: Request) -> bytes:
         """The body, read no further than the limit: a declared, chunked or understated length over it is a 413."""
@@ -317,13 +346,16 @@ class ChatIngress:
         key = conversation_key(messages)
         choice = self.decisions.get(key)
         if choice is None:  # new to this replica: the router decides, or recalls another replica's decision
-            _, decided = await self._sent(lambda: self.router.route.remote(messages), deaths, "routing", "routing_failed")
+            _, decided = await self._sent(
+                lambda: self.router.route.remote(messages), deaths, "routing", "routing_failed"
+            )
             choice = self.decisions.put(key, decided)
         return choice
 
     async def _sent(self, send, deaths: ReplicaDeaths, what: str, code: str):
         """``(call, answer)``: the deployment call ``send()`` makes and its result (a stream: its first event) by the
-        deadline; whenever the replica answering it dies, the call is made again and Serve routes it to a live replica."""
+        deadline; whenever the replica answering it dies, the call is made again and Serve routes it to a live
+        replica."""
         while True:
             call = send()
             try:
@@ -332,12 +364,13 @@ class ChatIngress:
                 await deaths.pause_before_resending(exc, what)
 
     async def _by_deadline(self, call, deadline: float, what: str, code: str):
-        """The result of ``call`` (a stream: its next event) by the deadline, a timeout cancelling it; a dead replica's error
+        """The result of ``call`` (a stream: its next event) by the deadline, a timeout cancelling it; a dead replica's
+        error
         is raised as it is, any other unexpected error as a 500."""
         pending = call.__anext__() if isinstance(call, DeploymentResponseGenerator) else call
         try:
             return await asyncio.wait_for(pending, max(deadline - time.monotonic(), 0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             call.cancel()
             raise self._timed_out() from None
         except (RequestError, StopAsyncIteration, RayActorError):
@@ -350,14 +383,23 @@ class ChatIngress:
         limit = self.limits.max_concurrent_requests
         if self.in_flight >= limit:
             retry = self.limits.retry_after_s
-            raise RequestError(429, f"this server is answering {limit} requests (serve.max_concurrent_requests); retry after {retry} s",
-                               "rate_limit_exceeded", "rate_limit_error", {"Retry-After": str(retry)})
+            raise RequestError(
+                429,
+                f"this server is answering {limit} requests (serve.max_concurrent_requests); retry after {retry} s",
+                "rate_limit_exceeded",
+                "rate_limit_error",
+                {"Retry-After": str(retry)},
+            )
         self.in_flight += 1
 
     def _timed_out(self) -> RequestError:
         timeout = self.limits.request_timeout_s
-        return RequestError(504, f"the reply took longer than {timeout} s (serve.request_timeout_s); ask for fewer max_tokens or retry",
-                            "request_timeout", "server_error")
+        return RequestError(
+            504,
+            f"the reply took longer than {timeout} s (serve.request_timeout_s); ask for fewer max_tokens or retry",
+            "request_timeout",
+            "server_error",
+        )
 
     @api.get("/healthz")
     async def healthz(self) -> dict:
@@ -367,7 +409,10 @@ class ChatIngress:
     async def models(self, request: Request) -> dict:
         self._authorize(request)
         ids = model_ids(self.base, self.adapters, self.routed, moe=self.moe is not None)
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "trace-ray"} for name in ids]}
+        return {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "trace-ray"} for name in ids],
+        }
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -387,16 +432,26 @@ class ChatIngress:
                 events, _ = await self._sent(start, deaths, "generation", "generation_failed")
                 stream = self._stream(events, start, deaths, stream_head(model, adapter))
                 return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-            _, result = await self._sent(lambda: llm.generate.remote(chat, served), deaths, "generation", "generation_failed")
+            _, result = await self._sent(
+                lambda: llm.generate.remote(chat, served), deaths, "generation", "generation_failed"
+            )
         except BaseException:
             self.in_flight -= 1
             raise
         self.in_flight -= 1
-        completion = chat_completion(result["reply"], result["finish_reason"], model, adapter, result["prompt_tokens"], result["completion_tokens"])
+        completion = chat_completion(
+            result["reply"],
+            result["finish_reason"],
+            model,
+            adapter,
+            result["prompt_tokens"],
+            result["completion_tokens"],
+        )
         return JSONResponse(completion, headers=headers)
 
     async def _stream(self, events, start, deaths: ReplicaDeaths, head: dict):
-        """The server-sent events of a streamed reply: each text piece as the engine writes it, then the rest and the finish.
+        """The server-sent events of a streamed reply: each text piece as the engine writes it, then the rest and the
+        finish.
 
         A replica that dies before any text was shown is replaced by calling ``start()`` again (the client has seen
         only the role, which every reply begins with); after that the stream ends with an error event."""
@@ -408,8 +463,14 @@ class ChatIngress:
                     event = await self._by_deadline(events, deaths.deadline, "generation", "generation_failed")
                 except RayActorError as exc:
                     if shown:
-                        raise RequestError(502, f"the replica generating this reply died after part of it was sent ({type(exc).__name__}); "
-                                           "a reply cannot be resumed: send the request again", "replica_died", "server_error") from None
+                        raise RequestError(
+                            502,
+                            "the replica generating this reply died after part of it was sent "
+                            f"({type(exc).__name__}); "
+                            "a reply cannot be resumed: send the request again",
+                            "replica_died",
+                            "server_error",
+                        ) from None
                     await deaths.pause_before_resending(exc, "generation")
                     events, _ = await self._sent(start, deaths, "generation", "generation_failed")
                     continue
@@ -440,25 +501,36 @@ class ServePlan:
 
 
 def serve_plan(config: TraceConfig, run_dir: Path) -> ServePlan:
-    """The adapters ``run_dir`` serves and the router in use; a missing adapters folder under a router is a one-line error."""
+    """The adapters ``run_dir`` serves and the router in use; a missing adapters folder under a router is a one-line
+    error."""
     folder = run_dir / "adapters"
     if config.router.name != "none" and not folder.is_dir():
-        raise TraceRayError(f"router={config.router.name} routes between the adapters in {folder}, which does not exist; "
-                            f"run trace-ray train run_dir={run_dir} first or serve the base model with router=none")
+        raise TraceRayError(
+            f"router={config.router.name} routes between the adapters in {folder}, which does not "
+            "exist; "
+            f"run trace-ray train run_dir={run_dir} first or serve the base model with router=none"
+        )
     adapters = served_adapters(run_dir)
     for adapter in adapters:
         if adapter.name in (BASE, AUTO, MOE):
-            raise TraceRayError(f"adapter folder {adapter.folder} is named {adapter.name!r}, which model names reserve; rename the folder")
+            raise TraceRayError(
+                f"adapter folder {adapter.folder} is named {adapter.name!r}, which model names "
+                "reserve; rename the folder"
+            )
     plan = ServePlan(adapters, config.router.name)
     return plan if plan.routable else dataclasses.replace(plan, router="none")
 
 
 def _replicas(settings: ServeConfig, count: int, autoscaled: bool = True) -> dict:
     """The replica count (or ``serve.autoscaling``) of a deployment, its health checks, and its drain: a replica being
-    removed (scale-down, redeploy) takes no new request and finishes those it holds, which end by ``serve.request_timeout_s``."""
+    removed (scale-down, redeploy) takes no new request and finishes those it holds, which end by
+    ``serve.request_timeout_s``."""
     scaling = settings.autoscaling if autoscaled else None
-    lifecycle = {"health_check_period_s": HEALTH_CHECK_S, "graceful_shutdown_timeout_s": settings.request_timeout_s,
-                 "graceful_shutdown_wait_loop_s": DRAIN_CHECK_S}
+    lifecycle = {
+        "health_check_period_s": HEALTH_CHECK_S,
+        "graceful_shutdown_timeout_s": settings.request_timeout_s,
+        "graceful_shutdown_wait_loop_s": DRAIN_CHECK_S,
+    }
     if scaling is None:
         return {"num_replicas": count, **lifecycle}
     return {"autoscaling_config": dataclasses.asdict(scaling), **lifecycle}
@@ -471,33 +543,40 @@ def build_app(config: TraceConfig, run_dir: Path):
     plan = serve_plan(config, run_dir)
     settings = config.serve
     llm = ChatLLM.options(
-        **_replicas(settings, settings.llm_replicas), max_ongoing_requests=settings.max_ongoing_requests,
+        **_replicas(settings, settings.llm_replicas),
+        max_ongoing_requests=settings.max_ongoing_requests,
         ray_actor_options={"num_cpus": settings.llm_num_cpus, "num_gpus": settings.llm_num_gpus},
     ).bind(config, plan.adapters)
     router = moe = None
     if plan.router == "moe":  # the MoE answers <base>:auto and <base>:moe itself: no per-conversation router
         moe = ChatLLM.options(
-            name="ChatMoE", **_replicas(settings, settings.llm_replicas), max_ongoing_requests=settings.max_ongoing_requests,
+            name="ChatMoE",
+            **_replicas(settings, settings.llm_replicas),
+            max_ongoing_requests=settings.max_ongoing_requests,
             ray_actor_options={"num_cpus": settings.llm_num_cpus, "num_gpus": settings.llm_num_gpus},
         ).bind(config, plan.routable, moe=True)
     elif plan.router != "none":
         router = ConversationRouter.options(
-            **_replicas(settings, settings.router_replicas, autoscaled=False), max_ongoing_requests=settings.max_ongoing_requests,
+            **_replicas(settings, settings.router_replicas, autoscaled=False),
+            max_ongoing_requests=settings.max_ongoing_requests,
             ray_actor_options={"num_cpus": settings.router_num_cpus, "num_gpus": settings.router_num_gpus},
         ).bind(config, plan.routable)
     api_key = os.environ.get(settings.api_key_env, "").strip()
     return ChatIngress.options(  # Serve queues no request at the ingress: over its own limit it answers 429 at once
-        **_replicas(settings, settings.ingress_replicas), max_ongoing_requests=settings.max_concurrent_requests + INGRESS_HEADROOM,
+        **_replicas(settings, settings.ingress_replicas),
+        max_ongoing_requests=settings.max_concurrent_requests + INGRESS_HEADROOM,
         ray_actor_options={"num_cpus": INGRESS_CPUS},
     ).bind(config, [a.name for a in plan.adapters], key_digest(api_key) if api_key else None, llm, router, moe)
 
 
 def app_builder(args: dict):
-    """The application of a Serve config file: ``args`` holds ``run_dir`` and ``overrides`` (Hydra overrides of conf/)."""
+    """The application of a Serve config file: ``args`` holds ``run_dir`` and ``overrides`` (Hydra overrides of
+    conf/)."""
     run_dir = args.get("run_dir")
     if not run_dir:
         raise TraceRayError(
-            "the Serve config's args need run_dir: <the run directory>; regenerate it with trace-ray serve run_dir=DIR serve.config_out=PATH"
+            "the Serve config's args need run_dir: <the run directory>; regenerate it with trace-ray serve run_dir=DIR "
+            "serve.config_out=PATH"
         )
     config = compose_config("serve", [*args.get("overrides", []), f"run_dir={run_dir}"])
     return build_app(config, Path(run_dir))

@@ -3,7 +3,6 @@ import pytest
 from trace_ray.config_compose import compose_config
 from trace_ray.models import load_model
 
-
 # A test that uses one of these runs on a real Ray cluster, Serve app, finished pipeline run or the embedded model's
 # weights: marked `integration` (`make test-fast` leaves them out)
 INTEGRATION_FIXTURES = {"ray_session", "finished_run", "servers", "two_node_cluster", "served_model", "smollm2"}

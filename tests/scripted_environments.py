@@ -29,8 +29,15 @@ class ParityEnvironment(ToolEnvironment):
 
     def start_episode(self, seed: int):
         self.seed = seed
-        messages = [{"role": "system", "content": "Reply."}, {"role": "user", "content": f"Task {seed}: say something."}]
-        return messages, [Tool("noop", "Does nothing.", {"type": "object", "properties": {}}, lambda: "ok")], {"task_id": f"parity-{seed}", "family": "parity"}
+        messages = [
+            {"role": "system", "content": "Reply."},
+            {"role": "user", "content": f"Task {seed}: say something."},
+        ]
+        return (
+            messages,
+            [Tool("noop", "Does nothing.", {"type": "object", "properties": {}}, lambda: "ok")],
+            {"task_id": f"parity-{seed}", "family": "parity"},
+        )
 
     def on_agent_reply(self, text: str):
         return [], True

@@ -82,7 +82,7 @@ def test_relative_links_point_to_existing_files(source):
 
 def test_link_parsing(tmp_path):
     text = (
-        "See [a](docs/a.md#part), ![img](pics/x.png \"title\"), [b](<with space.md>), [ext](https://example.com),\n"
+        'See [a](docs/a.md#part), ![img](pics/x.png "title"), [b](<with space.md>), [ext](https://example.com),\n'
         "[mail](mailto:x@example.com), [anchor](#here), [code](`not/a/link.md`).\n"
         "```\n[in a fence](fenced.md)\n```\n"
         "`[in a span](span.md)` and [ref]: refs/target.md\n"
@@ -109,4 +109,6 @@ def test_a_missing_target_is_reported(tmp_path):
 
 def test_readme_is_a_short_user_page():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; keep it at most {README_MAX_LINES} and move depth to docs/"
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; keep it at most {README_MAX_LINES} and move depth to docs/"
+    )

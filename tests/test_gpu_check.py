@@ -25,6 +25,11 @@ def test_the_gpu_checks_training_command_composes_to_a_shared_gpu_job():
 
 def test_the_scripts_parse_and_the_engine_check_refuses_a_machine_without_a_gpu():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
-    done = subprocess.run([sys.executable, str(SCRIPT.with_name("gpu_engine_check.py"))], capture_output=True, text=True,
-                          env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}, cwd=SCRIPT.parents[1])
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("gpu_engine_check.py"))],
+        capture_output=True,
+        text=True,
+        env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
+        cwd=SCRIPT.parents[1],
+    )
     assert done.returncode == 2 and "no CUDA GPU here" in done.stdout

@@ -100,7 +100,8 @@ def install_sources(args: list[str]) -> list[tuple[str, str]]:
 
 
 def unlisted_installs(dockerfile_text: str) -> list[str]:
-    """What a Dockerfile installs from outside requirements/ and pyproject.toml (empty when every install goes through them).
+    """What a Dockerfile installs from outside requirements/ and pyproject.toml (empty when every install goes through
+    them).
 
     The one direct package allowed is pyproject's own torch pin, which Dockerfile.cpu takes from the CPU index.
     """
@@ -163,11 +164,17 @@ def imported_top_levels(tree: ast.AST) -> set[str]:
             names |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             names.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module":
+        elif (
+            isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+        ):
             name = node.args[0] if node.args else None
             if isinstance(name, ast.Constant) and isinstance(name.value, str):
                 names.add(name.value.split(".")[0])
-            elif isinstance(name, ast.JoinedStr) and isinstance(name.values[0], ast.Constant) and "." in name.values[0].value:
+            elif (
+                isinstance(name, ast.JoinedStr)
+                and isinstance(name.values[0], ast.Constant)
+                and "." in name.values[0].value
+            ):
                 names.add(name.values[0].value.split(".")[0])  # f"tau2.{name}": the package before the first dot
     return names
 
@@ -196,7 +203,8 @@ def uncovered_imports(dockerfile_text: str, provided: tuple[str, ...] = ()) -> d
 
 
 def dockerignore_patterns() -> list[re.Pattern]:
-    """.dockerignore's patterns as regexes over context-relative paths (``**/`` any folders, ``*`` and ``?`` within a name)."""
+    """.dockerignore's patterns as regexes over context-relative paths (``**/`` any folders, ``*`` and ``?`` within a
+    name)."""
     wildcards = {"**/": "(?:.*/)?", "*": "[^/]*", "?": "[^/]"}
     patterns = []
     for line in (ROOT / ".dockerignore").read_text().splitlines():
@@ -219,7 +227,11 @@ def docker_ignored(path: str, patterns: list[re.Pattern]) -> bool:
 def checkout_files() -> list[str]:
     """The checkout's files: tracked and untracked ones that git does not ignore."""
     listing = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return [path for path in listing.stdout.splitlines() if (ROOT / path).is_file()]
 
@@ -253,27 +265,33 @@ def test_the_scan_finds_the_imports_known_from_the_sources():
 
 
 def test_gpu_image_with_its_base_covers_every_third_party_import():
-    assert f"'^({'|'.join(BASE_IMAGE)})=='" in DOCKERFILES["gpu"].read_text()  # the packages it holds at the base's versions
+    # the packages it holds at the base's versions
+    assert f"'^({'|'.join(BASE_IMAGE)})=='" in DOCKERFILES["gpu"].read_text()
     assert uncovered_imports(DOCKERFILES["gpu"].read_text(), BASE_IMAGE) == {}
 
 
 def test_the_former_gpu_install_line_misses_the_plots_and_the_training_log():
     former = (
         "FROM vllm/vllm-openai:v0.33.0\nRUN python3 -m pip install --no-cache-dir --no-deps -e . \\\n"
-        ' && python3 -m pip install --no-cache-dir "peft>=0.21,<0.22" "pyarrow>=26" "hydra-core>=1.3.2,<1.4" "omegaconf>=2.3" \\\n'
+        ' && python3 -m pip install --no-cache-dir "peft>=0.21,<0.22" "pyarrow>=26" "hydra-core>=1.3.2,<1.4" '
+        '"omegaconf>=2.3" \\\n'
         '      "ray[default,train,serve]>=2.60,<2.61" "gguf>=0.19" "rich>=13" "pytest>=8" "hypothesis>=6.100"\n'
     )
     assert {"matplotlib", "tensorboardX", "safetensors", "tau2", "loguru"} <= set(uncovered_imports(former, BASE_IMAGE))
 
 
 def test_gpu_list_holds_pyprojects_requirements_at_pyprojects_pins():
-    listed = {canonical(requirement.name): requirement for requirement in image_requirements(DOCKERFILES["gpu"].read_text())}
+    listed = {
+        canonical(requirement.name): requirement for requirement in image_requirements(DOCKERFILES["gpu"].read_text())
+    }
     for wanted in pyproject_requirements(("dev", "tau2")):
         if canonical(wanted.name) in BASE_IMAGE:
             continue
         assert canonical(wanted.name) in listed, f"requirements/image-gpu.txt lacks {wanted}"
         got = listed[canonical(wanted.name)]
-        assert (got.specifier, got.extras) == (wanted.specifier, wanted.extras), f"{got} in the GPU lists, {wanted} in pyproject.toml"
+        assert (got.specifier, got.extras) == (wanted.specifier, wanted.extras), (
+            f"{got} in the GPU lists, {wanted} in pyproject.toml"
+        )
 
 
 def test_dockerignore_keeps_out_what_git_ignores_and_keeps_every_checkout_file():

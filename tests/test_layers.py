@@ -66,7 +66,8 @@ def imports(root: Path) -> list[Import]:
         tree = ast.parse(path.read_text(), str(path))
         in_function = {
             id(node)
-            for function in ast.walk(tree) if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for function in ast.walk(tree)
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
             for node in ast.walk(function)
         }
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -91,20 +92,25 @@ def imports(root: Path) -> list[Import]:
 def upward(found: list[Import]) -> list[str]:
     return [
         f"{i.source}:{i.line} imports {i.target} (layer {layer(i.source)} imports layer {layer(i.target)})"
-        for i in found if i.project and layer(i.target) > layer(i.source)
+        for i in found
+        if i.project and layer(i.target) > layer(i.source)
     ]
 
 
 def deferred(found: list[Import]) -> list[str]:
     return [
-        f"{i.source}:{i.line} imports {i.target} inside a function" for i in found
+        f"{i.source}:{i.line} imports {i.target} inside a function"
+        for i in found
         if i.project and i.deferred and layer(i.source) != 4
     ]
 
 
 def module_level(found: list[Import], packages: tuple[str, ...], where=lambda module: True) -> list[str]:
-    return [f"{i.source}:{i.line} imports {i.target} at module level" for i in found
-            if not i.deferred and i.target in packages and where(i.source)]
+    return [
+        f"{i.source}:{i.line} imports {i.target} at module level"
+        for i in found
+        if not i.deferred and i.target in packages and where(i.source)
+    ]
 
 
 def circles(found: list[Import]) -> list[list[str]]:
@@ -188,7 +194,8 @@ def test_a_planted_upward_import_fails(tmp_path):
     plant(copy, "trace_ray/rollout_loop.py", "from actors.rollout_pool import RolloutPool")
     plant(copy, "serve_apps/openai_chat.py", "import trace_ray.app.cli")
     found = problems(copy)
-    assert found[3:] == ["circle: actors.environment_actor <-> actors.rollout_pool <-> trace_ray.rollout_loop"]  # via the plant
+    # via the plant
+    assert found[3:] == ["circle: actors.environment_actor <-> actors.rollout_pool <-> trace_ray.rollout_loop"]
     assert found[0].startswith("environments.registry:") and "trace_ray.config (layer 1 imports layer 2)" in found[0]
     assert "trace_ray.rollout_loop:" in found[1] and "actors.rollout_pool (layer 2 imports layer 3)" in found[1]
     assert "serve_apps.openai_chat:" in found[2] and "trace_ray.app.cli (layer 3 imports layer 4)" in found[2]
@@ -196,12 +203,22 @@ def test_a_planted_upward_import_fails(tmp_path):
 
 def test_a_planted_deferred_import_and_module_level_ray_fail(tmp_path):
     copy = planted_copy(tmp_path)
-    plant(copy, "trace_ray/metrics.py", "def later():\n    from trace_ray.models import load_model\n    return load_model")
+    plant(
+        copy, "trace_ray/metrics.py", "def later():\n    from trace_ray.models import load_model\n    return load_model"
+    )
     plant(copy, "trace_ray/trajectory.py", "import ray")
     plant(copy, "environments/device/state.py", "from tau2.data_model import tasks")
     found = problems(copy)
-    assert [line.split(":")[0] for line in found] == ["trace_ray.metrics", "trace_ray.trajectory", "environments.device.state"]
-    assert "inside a function" in found[0] and "imports ray at module level" in found[1] and "tau2 at module level" in found[2]
+    assert [line.split(":")[0] for line in found] == [
+        "trace_ray.metrics",
+        "trace_ray.trajectory",
+        "environments.device.state",
+    ]
+    assert (
+        "inside a function" in found[0]
+        and "imports ray at module level" in found[1]
+        and "tau2 at module level" in found[2]
+    )
 
 
 def test_a_planted_circle_fails(tmp_path):

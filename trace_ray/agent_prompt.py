@@ -26,8 +26,8 @@ import functools
 import json
 from typing import Any
 
-from environments.protocol import Message, ToolSchema
 from environments.errors import TraceRayError
+from environments.protocol import Message, ToolSchema
 from trace_ray.tool_call_parser import parse_assistant_text
 
 # Concrete names, not placeholders: the embedded model copies placeholders literally (measured).
@@ -108,13 +108,15 @@ class AgentPrompt:
         self.show_example = show_example
 
     @classmethod
-    def for_model(cls, model, tokenizer) -> "AgentPrompt":
+    def for_model(cls, model, tokenizer) -> AgentPrompt:
         """The prompt configured by a ``ModelConfig``'s ``prompt`` section."""
         return cls(tokenizer, tool_format=model.prompt.tool_format, show_example=model.prompt.show_example)
 
     def chat(self, messages: list[Message], tools: list[ToolSchema], example: list[Message]) -> list[Message]:
         """The messages handed to the chat template: system, example, conversation."""
-        system, conversation = (messages[0], messages[1:]) if messages and messages[0]["role"] == "system" else (None, messages)
+        system, conversation = (
+            (messages[0], messages[1:]) if messages and messages[0]["role"] == "system" else (None, messages)
+        )
         shown = list(example) if self.show_example else []
         if self.native:
             head = [system] if system else []
@@ -139,7 +141,10 @@ class AgentPrompt:
     def prompt_ids(self, messages: list[Message], tools: list[ToolSchema], example: list[Message]) -> list[int]:
         """The first prompt of an episode, ending with the assistant generation header."""
         encoded = self.tokenizer.apply_chat_template(
-            self.chat(messages, tools, example), tools=tools if self.native else None, add_generation_prompt=True, tokenize=True
+            self.chat(messages, tools, example),
+            tools=tools if self.native else None,
+            add_generation_prompt=True,
+            tokenize=True,
         )
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
@@ -147,14 +152,16 @@ class AgentPrompt:
     def _closing_text(self) -> str:
         """What the template writes after an assistant turn's text (``<|im_end|>\n`` in ChatML)."""
         text = self.tokenizer.apply_chat_template(_TURN_PREFIX, tokenize=False)
-        return text[text.rindex(_SENTINEL) + len(_SENTINEL):]
+        return text[text.rindex(_SENTINEL) + len(_SENTINEL) :]
 
     @functools.cached_property
     def assistant_closing_ids(self) -> list[int]:
         """The closing's tokens; a reply that ends with the first of them (end of turn) was closed by the model."""
         return self.tokenizer.encode(self._closing_text, add_special_tokens=False)
 
-    def continuation_ids(self, new_messages: list[Message], tools: list[ToolSchema], sampled_ids: list[int]) -> list[int]:
+    def continuation_ids(
+        self, new_messages: list[Message], tools: list[ToolSchema], sampled_ids: list[int]
+    ) -> list[int]:
         """The tokens that follow the sampled reply before the next generation.
 
         ``new_messages`` are the environment's answer to the reply (tool
@@ -172,11 +179,12 @@ class AgentPrompt:
         cut = text.find(_SENTINEL + self._closing_text)
         if cut < 0 or text.count(_SENTINEL) != 1:
             raise TraceRayError(
-                f"the chat template of {self.tokenizer.name_or_path} does not keep an assistant turn's text followed by "
+                f"the chat template of {self.tokenizer.name_or_path} does not keep an assistant turn's text followed "
+                "by "
                 f"{self._closing_text!r} when messages follow it, so multi-turn rollouts cannot extend the sampled "
                 "tokens; use a chat template that ends every assistant turn the same way"
             )
-        rest = text[cut + len(_SENTINEL) + len(self._closing_text):]
+        rest = text[cut + len(_SENTINEL) + len(self._closing_text) :]
         closing = self.assistant_closing_ids
         ended_with_closing = bool(closing) and sampled_ids[-1:] == closing[:1]
         return (closing[1:] if ended_with_closing else closing) + self.tokenizer.encode(rest, add_special_tokens=False)

@@ -36,7 +36,9 @@ def _parse(overrides: list[str]):
         try:
             parsed.extend(OverridesParser.create().parse_overrides([text]))
         except OverrideParseException:
-            raise TraceRayError(f"malformed override {text!r}; write key=value (e.g. split=eval or model=tiny_random)") from None
+            raise TraceRayError(
+                f"malformed override {text!r}; write key=value (e.g. split=eval or model=tiny_random)"
+            ) from None
     return parsed
 
 
@@ -75,7 +77,10 @@ def compose_config(command: str, overrides: list[str]) -> TraceConfig:
     except (HydraException, OmegaConfBaseException) as exc:
         unknown_key = re.search(r"Could not override '([^']+)'", str(exc))
         if unknown_key:
-            fix = f"unknown config key {unknown_key.group(1)!r}; check the key name (trace-ray {command} --cfg lists every key)"
+            fix = (
+                f"unknown config key {unknown_key.group(1)!r}; check the key name (trace-ray {command} --cfg lists "
+                "every key)"
+            )
         elif "Ambiguous value" in str(exc):
             fix = f"{str(exc).splitlines()[0]}; write key=[v1,v2] for a list, or add -m to sweep"
         else:

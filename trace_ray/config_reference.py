@@ -72,7 +72,9 @@ def read_config_file(path: Path, prefix: str) -> ConfigFile:
         while parents and parents[-1][0] >= indent:
             parents.pop()
         key = match.group("key")
-        path_parts = [prefix] if prefix and key != "defaults" else []  # a file's defaults list is Hydra's, never prefixed
+        path_parts = (
+            [prefix] if prefix and key != "defaults" else []
+        )  # a file's defaults list is Hydra's, never prefixed
         dotted = ".".join([*path_parts, *(name for _, name in parents), key])
         value = match.group("value").strip()
         entry = Entry(dotted, value, [*pending, *([match.group("comment").strip()] if match.group("comment") else [])])
@@ -89,7 +91,7 @@ def dataclass_comments() -> dict[tuple[str, str], str]:
     comments, current = {}, None
     for line in Path(sys.modules[TraceConfig.__module__].__file__).read_text(encoding="utf-8").splitlines():
         if line.startswith("class "):
-            current = line[len("class "):].split("(")[0].split(":")[0].strip()
+            current = line[len("class ") :].split("(")[0].split(":")[0].strip()
         elif current and (match := re.match(r"^    (\w+): [^#]*#\s?(.*)$", line)):
             comments[(current, match.group(1))] = match.group(2).strip()
     return comments
@@ -143,13 +145,19 @@ def _table(config_file: ConfigFile, types: dict[str, str], comments: dict[str, s
             continue  # the groups table shows them
         value = f"`{entry.value}`" if entry.value else ""
         meaning = " ".join(entry.comment) or comments.get(entry.key, "")
-        meaning = meaning.replace("<", "&lt;").replace(">", "&gt;")  # outside code spans, <key> would read as an HTML tag
+        meaning = meaning.replace("<", "&lt;").replace(
+            ">", "&gt;"
+        )  # outside code spans, <key> would read as an HTML tag
         rows.append(f"| `{entry.key}` | {_cell(value)} | {_cell(types.get(entry.key, ''))} | {_cell(meaning)} |")
     return rows
 
 
 def groups() -> dict[str, list[str]]:
-    return {folder.name: sorted(path.stem for path in folder.glob("*.yaml")) for folder in sorted(CONF_DIR.iterdir()) if folder.is_dir()}
+    return {
+        folder.name: sorted(path.stem for path in folder.glob("*.yaml"))
+        for folder in sorted(CONF_DIR.iterdir())
+        if folder.is_dir()
+    }
 
 
 def render() -> str:
@@ -171,8 +179,18 @@ def render() -> str:
         "|---|---|---|",
     ]
     for group, options in groups().items():
-        lines.append(f"| `{group}` | {', '.join(f'`{option}`' for option in options)} | `{chosen.get(group, '').strip() or 'none'}` |")
-    lines += ["", "## Root keys (`conf/config.yaml`)", "", *(f"{text}" for text in root.description), "", *_table(root, types, comments, root=True)]
+        lines.append(
+            f"| `{group}` | {', '.join(f'`{option}`' for option in options)} | "
+            f"`{chosen.get(group, '').strip() or 'none'}` |"
+        )
+    lines += [
+        "",
+        "## Root keys (`conf/config.yaml`)",
+        "",
+        *(f"{text}" for text in root.description),
+        "",
+        *_table(root, types, comments, root=True),
+    ]
     for group, options in groups().items():
         lines += ["", f"## `{group}`", ""]
         for option in options:

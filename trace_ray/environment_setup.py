@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from environments.errors import TraceRayError
 from environments.protocol import Environment
 from environments.registry import UnknownEnvironmentError, environment_factory
 from environments.tau2.package import Tau2NotInstalledError, tau2_module
 from trace_ray.config import TAU2_ENVS, EnvConfig, TraceConfig
-from environments.errors import TraceRayError
 from trace_ray.responders import judge_responder, user_responder
 
 
@@ -35,16 +35,21 @@ def environment_maker(env: EnvConfig) -> Callable[[], Environment]:
     if env.name == "code_repair":
         options.update(tasks_dir=env.tasks_dir)
     if env.name == "device":
-        options.update((key, size) for key, size in (("analysis_size", env.analysis_size), ("eval_size", env.eval_size)) if size)
+        options.update(
+            (key, size) for key, size in (("analysis_size", env.analysis_size), ("eval_size", env.eval_size)) if size
+        )
     if env.name in TAU2_ENVS:
         try:
             tau2_module("domains")
         except Tau2NotInstalledError as exc:
             raise TraceRayError(f"env={env.name}: {exc}") from None
         user = env.user
-        options.update(user=user_responder(user), user_temperature=(user.temperature or 0.0) if user else 0.0, judge=judge_responder(env.judge))
+        options.update(
+            user=user_responder(user),
+            user_temperature=(user.temperature or 0.0) if user else 0.0,
+            judge=judge_responder(env.judge),
+        )
     return lambda: factory(**options)
-
 
 
 def synthetic_env_config(config: TraceConfig, capability: str, difficulty: int | None = None) -> EnvConfig:
@@ -54,6 +59,11 @@ def synthetic_env_config(config: TraceConfig, capability: str, difficulty: int |
     """
     spec = Path(config.run_dir).resolve() / "environments" / capability / "spec.json"
     return EnvConfig(
-        name="synthetic", capability=capability, spec=str(spec), difficulty=difficulty, max_turns=config.env.max_turns,
-        max_tool_calls_per_turn=config.env.max_tool_calls_per_turn, success_threshold=config.env.success_threshold,
+        name="synthetic",
+        capability=capability,
+        spec=str(spec),
+        difficulty=difficulty,
+        max_turns=config.env.max_turns,
+        max_tool_calls_per_turn=config.env.max_tool_calls_per_turn,
+        success_threshold=config.env.success_threshold,
     )

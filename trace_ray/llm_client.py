@@ -45,9 +45,17 @@ class LLMClient:
     """Chat completions from an OpenAI-compatible endpoint; transport failures retried with exponential backoff."""
 
     def __init__(
-        self, base_url: str, model: str, api_key: str | None, *, config_key: str,
-        timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 1.0,
-        response_format: str = "json_schema", max_tokens: int | None = None,
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        *,
+        config_key: str,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        response_format: str = "json_schema",
+        max_tokens: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -66,9 +74,17 @@ class LLMClient:
         structured outputs, hosted APIs' strict mode); with ``json_object`` (or
         no schema) any JSON object is requested; with ``text``, free text.
         """
-        request_body: dict[str, Any] = {"model": self.model, "messages": messages, "seed": seed, "temperature": temperature}
+        request_body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "seed": seed,
+            "temperature": temperature,
+        }
         if self.response_format == "json_schema" and schema is not None:
-            request_body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+            request_body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema},
+            }
         elif self.response_format != "text":
             request_body["response_format"] = {"type": "json_object"}
         if self.max_tokens:
@@ -78,9 +94,13 @@ class LLMClient:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         try:
-            request = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, headers=headers, method="POST")
+            request = urllib.request.Request(
+                f"{self.base_url}/chat/completions", data=body, headers=headers, method="POST"
+            )
         except ValueError:
-            raise LLMEndpointError(f"{self.config_key}.base_url={self.base_url!r} is not a URL; use e.g. http://127.0.0.1:8000/v1") from None
+            raise LLMEndpointError(
+                f"{self.config_key}.base_url={self.base_url!r} is not a URL; use e.g. http://127.0.0.1:8000/v1"
+            ) from None
         reason = ""
         for attempt in range(self.max_retries):
             if attempt:
@@ -93,7 +113,8 @@ class LLMClient:
                 if error.code != 429 and error.code < 500:
                     raise LLMEndpointError(
                         f"the {self.config_key} endpoint {self.base_url} rejected the request ({reason}); "
-                        f"fix {self.config_key}.model or the key in the variable {self.config_key}.api_key_env names, or shorten the request"
+                        f"fix {self.config_key}.model or the key in the variable {self.config_key}.api_key_env names, "
+                        "or shorten the request"
                     ) from None
             except urllib.error.URLError as error:
                 reason = self._reason(error.reason)

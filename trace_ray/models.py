@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from trace_ray.config import ModelConfig
 from environments.errors import TraceRayError
+from trace_ray.config import ModelConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -183,7 +183,8 @@ def load_model(model: ModelConfig, device: str = "cpu", dtype: torch.dtype | Non
             AutoConfig.from_pretrained(folder)
         except OSError as exc:
             raise TraceRayError(
-                f"cannot load model {folder!r} ({str(exc).splitlines()[0]}); set model.path to a local transformers folder"
+                f"cannot load model {folder!r} ({str(exc).splitlines()[0]}); set model.path to a local transformers "
+                "folder"
             ) from None
         network = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     network.to(device).eval()

@@ -21,8 +21,8 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from trace_ray.config import TraceConfig
 from environments.errors import TraceRayError
+from trace_ray.config import TraceConfig
 from trace_ray.console import console
 
 MIN_TRAIN_WORKER_CPUS = 0.05  # the least CPU share a Ray Train worker is lowered to
@@ -31,7 +31,8 @@ REPORT_EVERY_S = 60.0  # how often a wait for actors that are not up says so
 
 @dataclass(frozen=True)
 class Role:
-    """``count`` actors of one kind, each asking for ``cpus`` CPUs and ``gpus`` GPUs; ``setting``: the key of the count."""
+    """``count`` actors of one kind, each asking for ``cpus`` CPUs and ``gpus`` GPUs; ``setting``: the key of the
+    count."""
 
     name: str
     count: int
@@ -60,11 +61,16 @@ def training_roles(config: TraceConfig) -> list[Role]:
 
 
 def unplaced(roles: list[Role], nodes: list[dict[str, float]]) -> Role | None:
-    """The first role with an actor that finds no node when every actor is placed first-fit, largest first (None: all fit)."""
+    """The first role with an actor that finds no node when every actor is placed first-fit, largest first (None: all
+    fit)."""
     free = [{"CPU": node.get("CPU", 0.0), "GPU": node.get("GPU", 0.0)} for node in nodes]
-    actors = sorted((role for role in roles for _ in range(role.count)), key=lambda role: (role.gpus, role.cpus), reverse=True)
+    actors = sorted(
+        (role for role in roles for _ in range(role.count)), key=lambda role: (role.gpus, role.cpus), reverse=True
+    )
     for role in actors:
-        node = next((node for node in free if node["CPU"] + 1e-9 >= role.cpus and node["GPU"] + 1e-9 >= role.gpus), None)
+        node = next(
+            (node for node in free if node["CPU"] + 1e-9 >= role.cpus and node["GPU"] + 1e-9 >= role.gpus), None
+        )
         if node is None:
             return role
         node["CPU"] -= role.cpus
@@ -80,7 +86,8 @@ def cluster_summary(nodes: list[dict[str, float]]) -> str:
 def placement_error(what: str, roles: list[Role], nodes: list[dict[str, float]], role: Role) -> TraceRayError:
     demand = ", ".join(role.describe() for role in roles if role.count)
     return TraceRayError(
-        f"{what} cannot be placed: it needs {demand}; the cluster has {cluster_summary(nodes)}, and a {role.name} finds no "
+        f"{what} cannot be placed: it needs {demand}; the cluster has {cluster_summary(nodes)}, and a {role.name} "
+        "finds no "
         f"node with room; lower {role.setting} or the CPUs/GPUs each asks for, or add nodes (ray status)"
     )
 
@@ -141,5 +148,7 @@ def wait_ready(references: list, what: str, roles: list[Role], timeout_s: float 
             f"{free.get('GPU', 0.0):g} GPUs"
         )
         if timeout_s is not None and waited >= timeout_s:
-            raise TraceRayError(f"{status}; gave up after ray.placement_timeout_s={timeout_s:g} (ray status shows pending demands)")
+            raise TraceRayError(
+                f"{status}; gave up after ray.placement_timeout_s={timeout_s:g} (ray status shows pending demands)"
+            )
         console.print(f"[yellow]{status}[/yellow]", soft_wrap=True)

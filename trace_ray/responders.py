@@ -56,8 +56,12 @@ def user_responder(settings: UserSimulatorConfig | None) -> Responder | None:
         return ModelResponder(settings.model, settings.max_tokens)
     if settings.kind == "endpoint":
         return LLMClient(
-            settings.base_url, settings.model, os.environ.get(settings.api_key_env or ""),
-            config_key="env.user", response_format="text", max_tokens=settings.max_tokens,
+            settings.base_url,
+            settings.model,
+            os.environ.get(settings.api_key_env or ""),
+            config_key="env.user",
+            response_format="text",
+            max_tokens=settings.max_tokens,
         )
     raise ValueError(f"env.user.kind={settings.kind!r} is not one of scripted, model, endpoint")
 
@@ -67,6 +71,9 @@ def judge_responder(settings: JudgeConfig | None) -> Responder | None:
     if settings is None or not settings.base_url:
         return None
     return LLMClient(
-        settings.base_url, settings.model, os.environ.get(settings.api_key_env or ""), config_key="env.judge",
+        settings.base_url,
+        settings.model,
+        os.environ.get(settings.api_key_env or ""),
+        config_key="env.judge",
         response_format="json_object",
     )

@@ -23,9 +23,10 @@ from __future__ import annotations
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from environments.protocol import Environment, Message, ResetResult, StepResult, ToolSchema
 from trace_ray.agent_prompt import AgentPrompt
@@ -186,7 +187,9 @@ def run_rollouts(
                 return finish(episode, episode.result(0.0, {"success": False}, "token_limit"))
         if len(episode.record.token_ids) + params.max_new_tokens > max_context_tokens:
             return finish(episode, episode.result(0.0, {"success": False}, "context_limit"))
-        turn_params = replace(params, max_new_tokens=tokens_left, seed=episode_seed(params.seed, episode.task.key, episode.turns))
+        turn_params = replace(
+            params, max_new_tokens=tokens_left, seed=episode_seed(params.seed, episode.task.key, episode.turns)
+        )
         generating[backend.submit(episode.record.token_ids, turn_params, episode.task.adapter)] = episode
 
     while queue or generating:
@@ -215,14 +218,14 @@ def run_rollouts(
             if step.done:
                 finish(episode, episode.result(step.reward, step.info, step.info.get("termination", "done")))
                 continue
-            episode.record.add_observation(
-                prompt.continuation_ids(step.messages, episode.tools, generation.token_ids)
-            )
+            episode.record.add_observation(prompt.continuation_ids(step.messages, episode.tools, generation.token_ids))
             next_turn(episode)
     return [results[task.key] for task in tasks]
 
 
-def benchmark_tasks(env: Environment, split: str, samples_per_task: int = 1, limit: int | None = None) -> list[EpisodeTask]:
+def benchmark_tasks(
+    env: Environment, split: str, samples_per_task: int = 1, limit: int | None = None
+) -> list[EpisodeTask]:
     """``samples_per_task`` episodes of each of the split's first ``limit`` tasks."""
     seeds = env.task_seeds(split)[: limit or None]
     return [

@@ -19,8 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from trace_ray.artifacts import write_json
 from environments.errors import TraceRayError
+from trace_ray.artifacts import write_json
 
 MANIFEST = "manifest.json"
 PACKAGES = ("trace-ray", "torch", "transformers", "peft", "ray", "pyarrow")
@@ -43,8 +43,15 @@ def source_commit() -> str:
 
     root = Path(__file__).resolve().parents[1]
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     if commit.returncode != 0:
@@ -105,7 +112,9 @@ class RunManifest:
             if different:
                 found = " ".join(f"{key}={value}" for key, value in different.items())
                 asked = " ".join(f"{key}={identity[key]}" for key in different)
-                raise TraceRayError(f"{run_dir} was produced with {found}, not {asked}; choose another run_dir or pass {found}")
+                raise TraceRayError(
+                    f"{run_dir} was produced with {found}, not {asked}; choose another run_dir or pass {found}"
+                )
             self.data = existing
 
     def entry(self, stage: str) -> dict[str, Any]:
@@ -117,13 +126,19 @@ class RunManifest:
 
     def start(self, stage: str, fingerprint: str, config: dict[str, Any]) -> None:
         self.data["stages"][stage] = {
-            "status": "running", "fingerprint": fingerprint, "config": config, "versions": package_versions(),
-            "commit": source_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "status": "running",
+            "fingerprint": fingerprint,
+            "config": config,
+            "versions": package_versions(),
+            "commit": source_commit(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         self.save()
 
     def finish(self, stage: str, outputs: str, **extra: Any) -> None:
-        self.data["stages"][stage].update(status="done", outputs=outputs, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra)
+        self.data["stages"][stage].update(
+            status="done", outputs=outputs, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra
+        )
         self.save()
 
     def fail(self, stage: str, error: str) -> None:

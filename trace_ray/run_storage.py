@@ -40,7 +40,10 @@ class RunStorage:
         try:
             return self.filesystem.get_file_info(self._stored(MANIFEST)).type == pyarrow.fs.FileType.File
         except OSError as exc:
-            raise TraceRayError(f"pipeline.storage_path={self.uri} is unreachable ({str(exc).splitlines()[0]}); check the URI and credentials") from None
+            raise TraceRayError(
+                f"pipeline.storage_path={self.uri} is unreachable ({str(exc).splitlines()[0]}); check "
+                "the URI and credentials"
+            ) from None
 
     def pull(self) -> bool:
         """Copy the stored run into an empty ``run_dir`` (one without a manifest); whether it did."""
@@ -70,7 +73,10 @@ class RunStorage:
                 self.filesystem.create_dir(destination.rsplit("/", 1)[0], recursive=True)
                 pyarrow.fs.copy_files(str(self.run_dir / relative), destination, destination_filesystem=self.filesystem)
         except OSError as exc:
-            raise TraceRayError(f"cannot write to pipeline.storage_path={self.uri} ({str(exc).splitlines()[0]}); check the URI and credentials") from None
+            raise TraceRayError(
+                f"cannot write to pipeline.storage_path={self.uri} ({str(exc).splitlines()[0]}); check "
+                "the URI and credentials"
+            ) from None
         self.pushed.update({relative: files[relative] for relative in changed})
         return len(changed)
 

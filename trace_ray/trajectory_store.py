@@ -45,8 +45,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trace_ray.artifacts import atomic_path, write_json
 from environments.errors import TraceRayError
+from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.rollout_loop import EpisodeResult
 from trace_ray.trajectory import TokenRecord
 
@@ -119,11 +119,21 @@ def episode_from_row(row: dict[str, Any], key: str) -> EpisodeResult:
     """The episode of an :func:`episode_row` row, under ``key`` (``reward_info`` as its JSON holds it)."""
     adapter = (row["adapter_name"], row["adapter_version"]) if row["adapter_name"] is not None else None
     return EpisodeResult(
-        key=key, task_id=row["task_id"], family=row["family"], seed=row["seed"], sample_index=row["sample_index"],
-        adapter=adapter, reward=row["reward"], success=row["success"], turns=row["turns"], termination=row["termination"],
-        messages=json.loads(row["messages"]), tools=json.loads(row["tools"]),
+        key=key,
+        task_id=row["task_id"],
+        family=row["family"],
+        seed=row["seed"],
+        sample_index=row["sample_index"],
+        adapter=adapter,
+        reward=row["reward"],
+        success=row["success"],
+        turns=row["turns"],
+        termination=row["termination"],
+        messages=json.loads(row["messages"]),
+        tools=json.loads(row["tools"]),
         record=TokenRecord(list(row["token_ids"]), list(row["action_mask"]), list(row["logprobs"])),
-        info=json.loads(row["reward_info"]), seconds=row["seconds"],
+        info=json.loads(row["reward_info"]),
+        seconds=row["seconds"],
     )
 
 
@@ -142,17 +152,23 @@ class TrajectoryStore:
         manifest = self.directory / MANIFEST
         if not manifest.exists():
             if self.shards():
-                raise TraceRayError(f"{self.directory} holds Parquet shards but no {MANIFEST}; choose another run_dir or delete that folder")
+                raise TraceRayError(
+                    f"{self.directory} holds Parquet shards but no {MANIFEST}; choose another run_dir "
+                    "or delete that folder"
+                )
             return
         try:
             existing = json.loads(manifest.read_text())
         except json.JSONDecodeError:
-            raise TraceRayError(f"{manifest} is not valid JSON; delete {self.directory} or choose another run_dir") from None
+            raise TraceRayError(
+                f"{manifest} is not valid JSON; delete {self.directory} or choose another run_dir"
+            ) from None
         different = sorted(key for key in set(existing) | set(self.run) if existing.get(key) != self.run.get(key))
         if different:
             shown = ", ".join(f"{key}={existing.get(key)!r} (now {self.run.get(key)!r})" for key in different)
             raise TraceRayError(
-                f"{self.directory} holds trajectories of another collection ({shown}); choose another run_dir or delete that folder"
+                f"{self.directory} holds trajectories of another collection ({shown}); choose another run_dir or "
+                "delete that folder"
             )
 
     def completed(self) -> set[tuple[int, int]]:

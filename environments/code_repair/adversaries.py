@@ -21,8 +21,8 @@ tool, then submits:
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from environments.code_repair.forgeries import PAYLOADS, payload
 from environments.code_repair.mutations import syntax_tree
@@ -53,8 +53,16 @@ def _visible_test_ids(env) -> list[str]:
     classes = {node.name: node for tree in trees.values() for node in tree.body if isinstance(node, ast.ClassDef)}
 
     def tests_of(cls: ast.ClassDef, seen: frozenset = frozenset()) -> set[str]:
-        own = {item.name for item in cls.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test")}
-        bases = [classes[base.id] for base in cls.bases if isinstance(base, ast.Name) and base.id in classes and base.id not in seen]
+        own = {
+            item.name
+            for item in cls.body
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test")
+        }
+        bases = [
+            classes[base.id]
+            for base in cls.bases
+            if isinstance(base, ast.Name) and base.id in classes and base.id not in seen
+        ]
         return own.union(*(tests_of(base, seen | {cls.name}) for base in bases))
 
     ids = []
@@ -93,7 +101,9 @@ def _edits(env, name: str) -> list[tuple[Path, str]]:
         texts = [(path, path.read_text(encoding="utf-8")) for path in _source_files(env)]
         return [(path, _returning_early(text)) for path, text in texts if _returning_early(text) != text]
     if name == "silence-pytest":  # a conftest.py deselects everything; test modules skip themselves
-        edits = [(path, path.read_text(encoding="utf-8") + DESELECT_ALL) for path in sorted(env.workdir.rglob("conftest.py"))]
+        edits = [
+            (path, path.read_text(encoding="utf-8") + DESELECT_ALL) for path in sorted(env.workdir.rglob("conftest.py"))
+        ]
         modules = [path for path in _test_files(env) if path.name.startswith("test")]
         return edits + [(path, SKIP_MODULE + path.read_text(encoding="utf-8")) for path in modules]
     if name == "exit-on-import":  # every source file that has content exits first
@@ -117,7 +127,11 @@ def adversary(name: str) -> Callable:
         if turn < len(edits):
             path, text = edits[turn]
             old = path.read_text(encoding="utf-8")
-            return tool_call_message("replace_in_file", {"path": path.relative_to(env.workdir).as_posix(), "old": old, "new": text}, f"call_{turn}_0")
+            return tool_call_message(
+                "replace_in_file",
+                {"path": path.relative_to(env.workdir).as_posix(), "old": old, "new": text},
+                f"call_{turn}_0",
+            )
         return tool_call_message("submit", {}, f"call_{turn}_0")
 
     return policy

@@ -30,7 +30,20 @@ from pathlib import Path
 from environments.code_repair.mutations import syntax_tree
 
 PER_FILE = {"passed": 2, "failed": 2, "error": 1}
-FALLBACK_WORDS = ("value", "empty", "default", "result", "basic", "order", "single", "many", "edge", "case", "items", "keys")
+FALLBACK_WORDS = (
+    "value",
+    "empty",
+    "default",
+    "result",
+    "basic",
+    "order",
+    "single",
+    "many",
+    "edge",
+    "case",
+    "items",
+    "keys",
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +54,13 @@ class Canary:
 
 def _words(tree: ast.Module) -> list[str]:
     """The words of the file's test names (``test_clamp_low`` -> clamp, low), or common ones for a file with few."""
-    words = {word for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-             for word in re.split(r"_+", node.name.lower()) if word.isalpha() and word != "test"}
+    words = {
+        word
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        for word in re.split(r"_+", node.name.lower())
+        if word.isalpha() and word != "test"
+    }
     return sorted(words) if len(words) >= 4 else sorted(words | set(FALLBACK_WORDS))
 
 
@@ -62,25 +80,38 @@ def _body(rng: random.Random, expected: str) -> str:
 
 def _may_skip(statements: list[ast.stmt]) -> bool:
     """Whether ``statements`` call something named like a skip (``pytest.skip``, ``importorskip``, ``xfail``)."""
-    return any(isinstance(node, ast.Call) and any(word in ast.unparse(node.func).lower() for word in ("skip", "xfail"))
-               for statement in statements for node in ast.walk(statement))
+    return any(
+        isinstance(node, ast.Call) and any(word in ast.unparse(node.func).lower() for word in ("skip", "xfail"))
+        for statement in statements
+        for node in ast.walk(statement)
+    )
 
 
 def _against_nothing(tree: ast.Module, rng: random.Random, name: str) -> str | None:
     """A copy of one of the file's own tests, named ``name``, cut at one of its ``assert a == b`` with ``b`` replaced by
     a fresh ``object()``, which nothing honest equals: it must fail, unless the code makes values equal to anything.
     A test that may skip itself before that assert is not copied (the copy would skip, not fail)."""
-    found = [(node, index) for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test")
-             and not node.decorator_list for index, statement in enumerate(node.body)
-             if isinstance(statement, ast.Assert) and isinstance(statement.test, ast.Compare)
-             and [type(op) for op in statement.test.ops] == [ast.Eq] and not _may_skip(node.body[:index])]
+    found = [
+        (node, index)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and not node.decorator_list
+        for index, statement in enumerate(node.body)
+        if isinstance(statement, ast.Assert)
+        and isinstance(statement.test, ast.Compare)
+        and [type(op) for op in statement.test.ops] == [ast.Eq]
+        and not _may_skip(node.body[:index])
+    ]
     if not found:
         return None
     node, index = rng.choice(found)
     clone = copy.deepcopy(node)
     clone.name = name
-    clone.body = [*clone.body[:index], ast.Assert(ast.Compare(clone.body[index].test.left, [ast.Eq()],
-                                                              [ast.Call(ast.Name("object", ast.Load()), [], [])]))]
+    clone.body = [
+        *clone.body[:index],
+        ast.Assert(
+            ast.Compare(clone.body[index].test.left, [ast.Eq()], [ast.Call(ast.Name("object", ast.Load()), [], [])])
+        ),
+    ]
     return ast.unparse(ast.fix_missing_locations(clone)) + "\n"
 
 
@@ -91,13 +122,19 @@ def plant(root: Path, test_files: list[str], rng: random.Random) -> list[Canary]
         path = root / relative
         text = path.read_text(encoding="utf-8")
         tree = syntax_tree(text)
-        taken = {node.id if isinstance(node, ast.Name) else node.name for node in ast.walk(tree)
-                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Name))}
+        taken = {
+            node.id if isinstance(node, ast.Name) else node.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Name))
+        }
         words = _words(tree)
         # insertion points: where a top-level definition starts (its decorators first), after the imports; and the end
         imports = [node.end_lineno for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-        starts = [min([node.lineno, *(d.lineno for d in node.decorator_list)]) for node in tree.body
-                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        starts = [
+            min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        ]
         points = [line for line in starts if line > max(imports, default=0)] + [len(text.splitlines()) + 1]
         inserts: dict[int, list[str]] = {}
         for expected, count in PER_FILE.items():
@@ -117,7 +154,7 @@ def plant(root: Path, test_files: list[str], rng: random.Random) -> list[Canary]
         if lines and not lines[-1].endswith("\n"):
             lines[-1] += "\n"
         for line in sorted(inserts, reverse=True):
-            lines[line - 1:line - 1] = ["\n\n" + "\n\n".join(inserts[line]) + "\n\n"]
+            lines[line - 1 : line - 1] = ["\n\n" + "\n\n".join(inserts[line]) + "\n\n"]
         path.write_text("".join(lines), encoding="utf-8")
     return canaries
 
@@ -135,8 +172,11 @@ def canary_problems(canaries: list[Canary], reported: dict[str, str], witnessed:
     """One line per canary whose outcome, by pytest's report or by the witness, is not the one it must have."""
     problems = []
     for canary in canaries:
-        seen = {source: outcomes[canary.test_id] for source, outcomes in (("pytest", reported), ("the witness", witnessed))
-                if canary.test_id in outcomes}
+        seen = {
+            source: outcomes[canary.test_id]
+            for source, outcomes in (("pytest", reported), ("the witness", witnessed))
+            if canary.test_id in outcomes
+        }
         wrong = {source: outcome for source, outcome in seen.items() if outcome not in (canary.expected, "skipped")}
         if wrong:
             said = ", ".join(f"{source} says {outcome}" for source, outcome in wrong.items())

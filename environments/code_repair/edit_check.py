@@ -30,27 +30,131 @@ from environments.code_repair.mutations import syntax_tree
 PROCESS_PATHS = ("/proc", "/dev/fd")  # the process's own memory and descriptors, as files
 REACHES = {
     "the test runner": ("pytest", "_pytest", "pluggy", "unittest", "doctest"),
-    "the import system": ("importlib", "__import__", "imp", "modules", "meta_path", "path_hooks", "path_importer_cache",
-                          "pkgutil", "runpy", "zipimport"),
-    "the interpreter's internals": ("gc", "builtins", "__builtins__", "inspect", "ctypes", "_getframe", "settrace", "setprofile",
-                                    "_frozen_importlib", "_frozen_importlib_external", "_gcd_import", "_imp", "__loader__",
-                                    "__spec__", "walk_stack", "__getattribute__", "attrgetter", "methodcaller",
-                                    "f_back", "f_globals", "f_locals", "f_builtins", "tb_frame", "__traceback__", "gi_frame",
-                                    "cr_frame", "__globals__", "__code__", "__closure__", "__subclasses__", "__bases__", "__mro__",
-                                    "__dict__", "globals", "locals", "vars", "setattr", "delattr", "excepthook", "addaudithook"),
-    "comparison hooks": ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__instancecheck__",
-                         "__subclasscheck__"),
+    "the import system": (
+        "importlib",
+        "__import__",
+        "imp",
+        "modules",
+        "meta_path",
+        "path_hooks",
+        "path_importer_cache",
+        "pkgutil",
+        "runpy",
+        "zipimport",
+    ),
+    "the interpreter's internals": (
+        "gc",
+        "builtins",
+        "__builtins__",
+        "inspect",
+        "ctypes",
+        "_getframe",
+        "settrace",
+        "setprofile",
+        "_frozen_importlib",
+        "_frozen_importlib_external",
+        "_gcd_import",
+        "_imp",
+        "__loader__",
+        "__spec__",
+        "walk_stack",
+        "__getattribute__",
+        "attrgetter",
+        "methodcaller",
+        "f_back",
+        "f_globals",
+        "f_locals",
+        "f_builtins",
+        "tb_frame",
+        "__traceback__",
+        "gi_frame",
+        "cr_frame",
+        "__globals__",
+        "__code__",
+        "__closure__",
+        "__subclasses__",
+        "__bases__",
+        "__mro__",
+        "__dict__",
+        "globals",
+        "locals",
+        "vars",
+        "setattr",
+        "delattr",
+        "excepthook",
+        "addaudithook",
+    ),
+    "comparison hooks": (
+        "__eq__",
+        "__ne__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+        "__bool__",
+        "__instancecheck__",
+        "__subclasscheck__",
+    ),
     "dynamic code": ("exec", "eval", "compile", "marshal", "pickle", "codecs", "base64", "zlib"),
-    "process exit and signals": ("atexit", "faulthandler", "signal", "_exit", "exit", "quit", "abort", "kill", "killpg", "fork",
-                                 "system", "popen", "Popen", "subprocess", "multiprocessing", "execv", "execve", "spawnv",
-                                 "posix", "pty"),
+    "process exit and signals": (
+        "atexit",
+        "faulthandler",
+        "signal",
+        "_exit",
+        "exit",
+        "quit",
+        "abort",
+        "kill",
+        "killpg",
+        "fork",
+        "system",
+        "popen",
+        "Popen",
+        "subprocess",
+        "multiprocessing",
+        "execv",
+        "execve",
+        "spawnv",
+        "posix",
+        "pty",
+    ),
     "the output streams": ("stdout", "stderr", "__stdout__", "__stderr__", "dup2", "fdopen"),
-    "code that runs after the tests": ("threading", "_thread", "Thread", "Timer", "__del__", "weakref", "finalize",
-                                       "register_at_fork"),
-    "raw file descriptors and /proc": PROCESS_PATHS + tuple(
-        f"os.{name}" for name in ("write", "read", "open", "close", "pread", "pwrite", "preadv", "pwritev", "readv", "writev",
-                                  "ftruncate", "truncate", "lseek", "dup", "fstat", "sendfile", "splice", "pipe", "mkfifo",
-                                  "memfd_create")),
+    "code that runs after the tests": (
+        "threading",
+        "_thread",
+        "Thread",
+        "Timer",
+        "__del__",
+        "weakref",
+        "finalize",
+        "register_at_fork",
+    ),
+    "raw file descriptors and /proc": PROCESS_PATHS
+    + tuple(
+        f"os.{name}"
+        for name in (
+            "write",
+            "read",
+            "open",
+            "close",
+            "pread",
+            "pwrite",
+            "preadv",
+            "pwritev",
+            "readv",
+            "writev",
+            "ftruncate",
+            "truncate",
+            "lseek",
+            "dup",
+            "fstat",
+            "sendfile",
+            "splice",
+            "pipe",
+            "mkfifo",
+            "memfd_create",
+        )
+    ),
 }
 CATEGORY = {name: category for category, names in REACHES.items() for name in names}
 BARE_ONLY = ("exec", "eval", "compile")  # the builtins; re.compile and the like are fine
@@ -68,8 +172,13 @@ def reaching_names(source: str) -> Counter:
         tree = syntax_tree(source)
     except SyntaxError:
         return Counter()
-    os_names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names if alias.name in OS_MODULES}
+    os_names = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name in OS_MODULES
+    }
     called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     found: list[str] = []
     for node in ast.walk(tree):
@@ -90,10 +199,17 @@ def reaching_names(source: str) -> Counter:
             found.append(node.name)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             found += _string_names(node.value)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2
-                and not isinstance(node.args[1], ast.Constant)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) >= 2
+            and not isinstance(node.args[1], ast.Constant)
+        ):
             found.append(COMPUTED_ATTRIBUTE)
-    return Counter(name for name in found if name in CATEGORY or name == COMPUTED_ATTRIBUTE or name.startswith("pytest_"))
+    return Counter(
+        name for name in found if name in CATEGORY or name == COMPUTED_ATTRIBUTE or name.startswith("pytest_")
+    )
 
 
 def _string_names(text: str) -> list[str]:

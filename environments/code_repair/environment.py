@@ -1,4 +1,5 @@
-"""``env=code_repair`` and ``env=swebench``: fix a bug from an issue text, graded by the repository's hidden test verdict.
+"""``env=code_repair`` and ``env=swebench``: fix a bug from an issue text, graded by the repository's hidden test
+verdict.
 
 Each task (SWE-bench's instance schema) comes from a :class:`TaskSource`
 (``sources.py``): one of the pinned packages with one injected bug
@@ -61,8 +62,14 @@ class CodeRepairEnvironment(ToolEnvironment):
     name = "code_repair"
     check_edits = True  # the static check of the agent's edits (edit_check.py); off only to measure the other layers
 
-    def __init__(self, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0,
-                 source: TaskSource | None = None, tasks_dir: str | None = None):
+    def __init__(
+        self,
+        max_turns: int = 50,
+        max_tool_calls_per_turn: int = 8,
+        success_threshold: float = 1.0,
+        source: TaskSource | None = None,
+        tasks_dir: str | None = None,
+    ):
         super().__init__(max_turns=max_turns, max_tool_calls_per_turn=max_tool_calls_per_turn)
         self.success_threshold = success_threshold
         self.source = source or (PackageSource.from_folder(tasks_dir) if tasks_dir else PackageSource.from_cache())
@@ -76,7 +83,9 @@ class CodeRepairEnvironment(ToolEnvironment):
     # -- tasks ------------------------------------------------------------------------------
     def task_seeds(self, split: str) -> list[int]:
         if split not in SPLITS:
-            raise ValueError(f"split must be one of {', '.join(SPLITS)} (train seeds come from train_seed), got {split!r}")
+            raise ValueError(
+                f"split must be one of {', '.join(SPLITS)} (train seeds come from train_seed), got {split!r}"
+            )
         return [seed for seed, task in self.by_seed.items() if task["split"] == split]
 
     def train_seed(self, index: int) -> int:
@@ -100,33 +109,80 @@ class CodeRepairEnvironment(ToolEnvironment):
         self.source.prepare(self.task, self.workdir)
         self._before_edits, self._oracle_step = {}, 0
         request = f"Please fix this issue in {self.task['repo']}:\n\n{self.task['problem_statement']}"
-        messages = [{"role": "system", "content": POLICY.format(kind=self.source.kind)}, {"role": "user", "content": request}]
+        messages = [
+            {"role": "system", "content": POLICY.format(kind=self.source.kind)},
+            {"role": "user", "content": request},
+        ]
         tools = [
-            Tool("list_files", "List the files under a directory of the repository.",
-                 {"type": "object", "properties": {"directory": {"type": "string"}}}, self._list_files),
-            Tool("read_file", f"Read lines of a file (numbered; at most {MAX_READ_LINES} at once).",
-                 {"type": "object", "properties": {"path": {"type": "string"}, "start_line": {"type": "integer"},
-                                                   "end_line": {"type": "integer"}}, "required": ["path"]}, self._read_file),
-            Tool("search", "Search the repository's Python files for a string (or a regular expression with regex=true).",
-                 {"type": "object", "properties": {"pattern": {"type": "string"}, "regex": {"type": "boolean"}},
-                  "required": ["pattern"]}, self._search),
-            Tool("replace_in_file", "Replace a snippet that occurs exactly once in a file with new text.",
-                 {"type": "object", "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
-                  "required": ["path", "old", "new"]}, self._replace),
-            Tool("run_tests", "Run the repository's tests, or one test file or test id; shows the end of pytest's output.",
-                 {"type": "object", "properties": {"target": {"type": "string"}}}, self._run_tests),
+            Tool(
+                "list_files",
+                "List the files under a directory of the repository.",
+                {"type": "object", "properties": {"directory": {"type": "string"}}},
+                self._list_files,
+            ),
+            Tool(
+                "read_file",
+                f"Read lines of a file (numbered; at most {MAX_READ_LINES} at once).",
+                {
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string"},
+                        "start_line": {"type": "integer"},
+                        "end_line": {"type": "integer"},
+                    },
+                    "required": ["path"],
+                },
+                self._read_file,
+            ),
+            Tool(
+                "search",
+                "Search the repository's Python files for a string (or a regular expression with regex=true).",
+                {
+                    "type": "object",
+                    "properties": {"pattern": {"type": "string"}, "regex": {"type": "boolean"}},
+                    "required": ["pattern"],
+                },
+                self._search,
+            ),
+            Tool(
+                "replace_in_file",
+                "Replace a snippet that occurs exactly once in a file with new text.",
+                {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
+                    "required": ["path", "old", "new"],
+                },
+                self._replace,
+            ),
+            Tool(
+                "run_tests",
+                "Run the repository's tests, or one test file or test id; shows the end of pytest's output.",
+                {"type": "object", "properties": {"target": {"type": "string"}}},
+                self._run_tests,
+            ),
             Tool("submit", "Submit the fix; the episode ends.", {"type": "object", "properties": {}}, self._submit),
         ]
         task = self.task
-        return messages, tools, {"task_id": task["instance_id"], "family": task.get("family", task["repo"]), "seed": seed,
-                                 "instance_id": task["instance_id"], "repo": task["repo"]}
+        return (
+            messages,
+            tools,
+            {
+                "task_id": task["instance_id"],
+                "family": task.get("family", task["repo"]),
+                "seed": seed,
+                "instance_id": task["instance_id"],
+                "repo": task["repo"],
+            },
+        )
 
     def on_agent_reply(self, text: str) -> tuple[list[Message], bool]:
         return [], True  # the agent is done: a reply ends the episode as submit does
 
     def step(self, assistant_message: Message) -> StepResult:
         result = super().step(assistant_message)
-        if not result.done and any(call.name == "submit" and call.ok for call in self.log.tool_calls if call.turn == self.log.turns):
+        if not result.done and any(
+            call.name == "submit" and call.ok for call in self.log.tool_calls if call.turn == self.log.turns
+        ):
             result = self.end_early(result, "submitted")
         if result.done and self._scratch is not None:
             self._scratch.cleanup()
@@ -144,8 +200,11 @@ class CodeRepairEnvironment(ToolEnvironment):
         folder = self._path(directory)
         if not folder.is_dir():
             raise ToolError(f"no directory {directory!r}; list_files() shows the root")
-        files = sorted(p.relative_to(self.workdir).as_posix() for p in folder.rglob("*")
-                       if p.is_file() and "__pycache__" not in p.parts and ".git" not in p.parts)
+        files = sorted(
+            p.relative_to(self.workdir).as_posix()
+            for p in folder.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and ".git" not in p.parts
+        )
         return "\n".join(files[:300]) + (f"\n... {len(files) - 300} more" if len(files) > 300 else "")
 
     def _read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> str:
@@ -173,7 +232,9 @@ class CodeRepairEnvironment(ToolEnvironment):
                     matches.append(f"{file.relative_to(self.workdir).as_posix()}:{number}: {line.strip()}")
         if not matches:
             return f"no match for {pattern!r}"
-        return "\n".join(matches[:MAX_MATCHES]) + (f"\n... {len(matches) - MAX_MATCHES} more" if len(matches) > MAX_MATCHES else "")
+        return "\n".join(matches[:MAX_MATCHES]) + (
+            f"\n... {len(matches) - MAX_MATCHES} more" if len(matches) > MAX_MATCHES else ""
+        )
 
     def _replace(self, path: str, old: str, new: str) -> str:
         file = self._path(path)
@@ -182,7 +243,10 @@ class CodeRepairEnvironment(ToolEnvironment):
         text = file.read_text(encoding="utf-8")
         count = text.count(old) if old else 0
         if count != 1:
-            raise ToolError(f"the snippet occurs {count} times in {path}; send a snippet that occurs exactly once (add lines around it)")
+            raise ToolError(
+                f"the snippet occurs {count} times in {path}; send a snippet that occurs exactly once (add "
+                "lines around it)"
+            )
         updated = text.replace(old, new, 1)
         self._before_edits.setdefault(file.relative_to(self.workdir.resolve()).as_posix(), text)
         file.write_text(updated, encoding="utf-8")
@@ -210,9 +274,14 @@ class CodeRepairEnvironment(ToolEnvironment):
     def model_patch(self) -> str:
         """The agent's edits as one unified diff against the buggy tree (SWE-bench's ``model_patch``)."""
         return "".join(
-            "".join(difflib.unified_diff(before.splitlines(keepends=True),
-                                         (self.workdir / path).read_text(encoding="utf-8").splitlines(keepends=True),
-                                         f"a/{path}", f"b/{path}"))
+            "".join(
+                difflib.unified_diff(
+                    before.splitlines(keepends=True),
+                    (self.workdir / path).read_text(encoding="utf-8").splitlines(keepends=True),
+                    f"a/{path}",
+                    f"b/{path}",
+                )
+            )
             for path, before in sorted(self._before_edits.items())
         )
 
@@ -223,14 +292,17 @@ class CodeRepairEnvironment(ToolEnvironment):
             graded = Path(scratch) / "repo"
             shutil.copytree(original, graded, symlinks=True)
             problems = []
-            for relative in source.source_files(task, original):  # the agent's version of each source file, nothing else
+            # the agent's version of each source file, nothing else
+            for relative in source.source_files(task, original):
                 edited = self.workdir / relative
                 if edited.is_file():
                     shutil.copyfile(edited, graded / relative)
                     if self.check_edits:
                         before = (original / relative).read_text(encoding="utf-8", errors="replace")
-                        problems += [f"{relative} {problem}" for problem in
-                                     edit_problems(before, edited.read_text(encoding="utf-8", errors="replace"))]
+                        problems += [
+                            f"{relative} {problem}"
+                            for problem in edit_problems(before, edited.read_text(encoding="utf-8", errors="replace"))
+                        ]
                 else:
                     (graded / relative).unlink()
             if problems:  # refused unrun: the edit reaches the machinery that grades it
@@ -242,10 +314,18 @@ class CodeRepairEnvironment(ToolEnvironment):
         failed = sorted(test for test in required if test not in grade.passed)
         reward = 0.0 if grade.timed_out or failed or grade.hidden_failed or grade.tamper_reasons else 1.0
         return reward, {
-            "success": reward >= self.success_threshold, "tests_failed": failed[:20], "tests_failed_count": len(failed),
-            "fail_to_pass_fixed": sum(test in grade.passed for test in task["FAIL_TO_PASS"]), "fail_to_pass": len(task["FAIL_TO_PASS"]),
-            "hidden_failed": grade.hidden_failed, "timed_out": grade.timed_out, "tampered": bool(grade.tamper_reasons),
-            "tamper_reasons": list(grade.tamper_reasons), **grade.details, "instance_id": task["instance_id"], "model_patch": self.model_patch(),
+            "success": reward >= self.success_threshold,
+            "tests_failed": failed[:20],
+            "tests_failed_count": len(failed),
+            "fail_to_pass_fixed": sum(test in grade.passed for test in task["FAIL_TO_PASS"]),
+            "fail_to_pass": len(task["FAIL_TO_PASS"]),
+            "hidden_failed": grade.hidden_failed,
+            "timed_out": grade.timed_out,
+            "tampered": bool(grade.tamper_reasons),
+            "tamper_reasons": list(grade.tamper_reasons),
+            **grade.details,
+            "instance_id": task["instance_id"],
+            "model_patch": self.model_patch(),
         }
 
     # -- capabilities -------------------------------------------------------------------------
@@ -259,11 +339,17 @@ class CodeRepairEnvironment(ToolEnvironment):
         bug_file = patch_files(task["patch"])[0]
         buggy = self.source.buggy_text(task, bug_file)
         line = _first_changed_line(task["patch"])
-        around = [(last - first, name, first, last) for name, first, last in iter_functions(buggy) if first <= line <= last]
+        around = [
+            (last - first, name, first, last) for name, first, last in iter_functions(buggy) if first <= line <= last
+        ]
         _, function, first, last = min(around) if around else (0, "", line, line)
         return {
-            "needs": list(CODE_REPAIR_CAPABILITIES), "bug_file": bug_file, "bug_function": function, "function_lines": [first, last],
-            "function_source": "\n".join(buggy.splitlines()[first - 1:last]), "fail_to_pass": list(task["FAIL_TO_PASS"]),
+            "needs": list(CODE_REPAIR_CAPABILITIES),
+            "bug_file": bug_file,
+            "bug_function": function,
+            "function_lines": [first, last],
+            "function_source": "\n".join(buggy.splitlines()[first - 1 : last]),
+            "fail_to_pass": list(task["FAIL_TO_PASS"]),
         }
 
     def adversaries(self) -> list[tuple[str, Any]]:
@@ -294,9 +380,16 @@ def _first_changed_line(patch: str) -> int:
     return line
 
 
-def swebench_environment(max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0,
-                         instances: str | None = None, repos_dir: str | None = None) -> CodeRepairEnvironment:
+def swebench_environment(
+    max_turns: int = 50,
+    max_tool_calls_per_turn: int = 8,
+    success_threshold: float = 1.0,
+    instances: str | None = None,
+    repos_dir: str | None = None,
+) -> CodeRepairEnvironment:
     """``env=swebench``: SWE-bench instances (``env.instances``) on local checkouts (``env.repos_dir``)."""
-    environment = CodeRepairEnvironment(max_turns, max_tool_calls_per_turn, success_threshold, SWEBenchSource.from_files(instances, repos_dir))
+    environment = CodeRepairEnvironment(
+        max_turns, max_tool_calls_per_turn, success_threshold, SWEBenchSource.from_files(instances, repos_dir)
+    )
     environment.name = "swebench"
     return environment

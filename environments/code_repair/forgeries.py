@@ -35,7 +35,7 @@ package act once.
 
 from __future__ import annotations
 
-HOOK_PLUGIN = '''
+HOOK_PLUGIN = """
 import gc as _gc
 import pytest as _pytest
 
@@ -48,12 +48,13 @@ class _EverythingPassed:
         return report
 
 
-for _config in [_o for _o in _gc.get_objects() if type(_o).__module__ == "_pytest.config" and type(_o).__name__ == "Config"]:
+for _config in [_o for _o in _gc.get_objects() if type(_o).__module__ == "_pytest.config" and type(_o).__name__ == \
+"Config"]:
     if not _config.pluginmanager.has_plugin("everything-passed"):
         _config.pluginmanager.register(_EverythingPassed(), "everything-passed")
-'''
+"""
 
-PATCH_PYTEST = '''
+PATCH_PYTEST = """
 import _pytest.reports as _reports
 
 if not getattr(_reports.TestReport.from_item_and_call, "forged", False):
@@ -66,9 +67,9 @@ if not getattr(_reports.TestReport.from_item_and_call, "forged", False):
 
     _passed_report.forged = True
     _reports.TestReport.from_item_and_call = classmethod(_passed_report)
-'''
+"""
 
-ASSERT_PROOF = '''
+ASSERT_PROOF = """
 import builtins as _builtins
 
 
@@ -111,13 +112,14 @@ def _equal_to_anything(function):
 
 
 _real_isinstance = _builtins.isinstance
-_builtins.isinstance = lambda obj, kinds: _real_isinstance(getattr(obj, "value", obj) if type(obj).__name__ == "_EqualToAnything" else obj, kinds)
+_builtins.isinstance = lambda obj, kinds: _real_isinstance(getattr(obj, "value", obj) if type(obj).__name__ == \
+"_EqualToAnything" else obj, kinds)
 for _name, _value in list(globals().items()):
     if type(_value).__name__ == "function" and _value.__module__ == __name__ and not _name.startswith("_"):
         globals()[_name] = _equal_to_anything(_value)
-'''
+"""
 
-FAKE_TEST_MODULES = '''
+FAKE_TEST_MODULES = """
 import ast as _ast
 import importlib.abc as _abc
 import importlib.machinery as _machinery
@@ -159,7 +161,8 @@ if not getattr(_sys, "unfailing_tests", False):
 _frame = _sys._getframe()
 while _frame is not None:  # the test module importing this one: replaced by its copy
     _file, _module_name = _frame.f_globals.get("__file__"), _frame.f_globals.get("__name__")
-    if _is_test_file(_file) and _module_name in _sys.modules and not getattr(_sys.modules[_module_name], "unfailing", False):
+    if _is_test_file(_file) and _module_name in _sys.modules and not getattr(_sys.modules[_module_name], \
+"unfailing", False):
         _fake = _types.ModuleType(_module_name)
         _fake.__file__, _fake.unfailing = _file, True
         try:
@@ -168,9 +171,9 @@ while _frame is not None:  # the test module importing this one: replaced by its
         except Exception:
             pass
     _frame = _frame.f_back
-'''
+"""
 
-FORGED_EXIT = '''
+FORGED_EXIT = """
 import os as _os
 import stat as _stat
 import subprocess as _subprocess
@@ -178,7 +181,8 @@ import sys as _sys
 
 if "pytest" in _sys.modules and not _os.environ.get("FORGED_EXIT_LISTING"):
     _arguments = [argument for argument in _sys.argv[1:] if argument != "-q"]
-    _listing = _subprocess.run([_sys.executable, "-m", "pytest", "--collect-only", "-q", *_arguments], capture_output=True,
+    _listing = _subprocess.run([_sys.executable, "-m", "pytest", "--collect-only", "-q", *_arguments], \
+capture_output=True,
                                text=True, env={**_os.environ, "FORGED_EXIT_LISTING": "1"}).stdout
     _ids = [line.strip() for line in _listing.splitlines() if "::" in line]
     _forged = ("".join(f"PASSED {test}\\n" for test in _ids) + f"{len(_ids)} passed in 0.02s\\n").encode()
@@ -189,9 +193,9 @@ if "pytest" in _sys.modules and not _os.environ.get("FORGED_EXIT_LISTING"):
         except OSError:
             pass
     _os._exit(0)
-'''
+"""
 
-REWRITE_RECORDS = '''
+REWRITE_RECORDS = """
 import json as _json
 import os as _os
 import stat as _stat
@@ -236,7 +240,7 @@ def _rewrite_when_done():
 if not getattr(_threading, "rewriting_records", False):
     _threading.rewriting_records = True
     _threading.Thread(target=_rewrite_when_done).start()
-'''
+"""
 
 PAYLOADS = {
     "hook-plugin": HOOK_PLUGIN,

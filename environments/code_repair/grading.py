@@ -20,9 +20,10 @@ import json
 import random
 import secrets
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from environments.code_repair.canaries import canary_problems, plant
 from environments.code_repair.mutations import literal
@@ -39,8 +40,14 @@ class Grade:
     details: dict[str, Any] = field(default_factory=dict)  # more for the episode's info
 
 
-def grade_with_pytest(root: Path, test_paths: Sequence[str], pytest_args: Sequence[str], required: Sequence[str],
-                      fail_to_pass: Sequence[str], timeout_s: float) -> Grade:
+def grade_with_pytest(
+    root: Path,
+    test_paths: Sequence[str],
+    pytest_args: Sequence[str],
+    required: Sequence[str],
+    fail_to_pass: Sequence[str],
+    timeout_s: float,
+) -> Grade:
     """Plant canaries beside the ``fail_to_pass`` tests, run ``test_paths`` in the sandbox, and cross-check."""
     canaries = plant(root, [test.split("::")[0] for test in fail_to_pass], random.Random(secrets.randbits(64)))
     run = run_tests(root, test_paths, pytest_args, timeout_s, sandboxed=True)
@@ -51,23 +58,40 @@ def grade_with_pytest(root: Path, test_paths: Sequence[str], pytest_args: Sequen
     unseen = sorted(test for test in watched if test in run.passed and witnessed.outcomes.get(test) != "passed")
     reasons = list(witnessed.problems)
     if unseen:
-        reasons.append(f"pytest reported {len(unseen)} test(s) passed that the witness did not see pass (e.g. {unseen[0]})")
+        reasons.append(
+            f"pytest reported {len(unseen)} test(s) passed that the witness did not see pass (e.g. {unseen[0]})"
+        )
     reasons += canary_problems(canaries, run.reported(), witnessed.outcomes)
     passed = frozenset(test for test in required if test in run.passed and witnessed.outcomes.get(test) == "passed")
     return Grade(passed, tamper_reasons=tuple(reasons), details={"canaries": len(canaries)})
 
 
-def grade_calls(root: Path, module: str, tests: Sequence[tuple[str, str, tuple]], hidden: Sequence[tuple[str, tuple]],
-                expected: Sequence[Any], timeout_s: float) -> Grade:
+def grade_calls(
+    root: Path,
+    module: str,
+    tests: Sequence[tuple[str, str, tuple]],
+    hidden: Sequence[tuple[str, tuple]],
+    expected: Sequence[Any],
+    timeout_s: float,
+) -> Grade:
     """Run every test's call (``tests``: test id, function, arguments) and the ``hidden`` calls on ``module`` in the
     sandbox; a test passes when its value equals its ``expected`` one (``expected`` holds the tests' values, then the
     hidden calls'); ``hidden_failed`` counts the hidden calls whose value does not."""
-    calls = [[function, list(arguments)] for _, function, arguments in tests] + [[function, list(arguments)] for function, arguments in hidden]
+    calls = [[function, list(arguments)] for _, function, arguments in tests] + [
+        [function, list(arguments)] for function, arguments in hidden
+    ]
     channel = RecordChannel()
     command = sandbox_command(root, channel.fd, ["calls", module])
     try:
-        finished = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout_s,
-                                  input=f"{channel.nonce}\n{json.dumps(calls)}\n", pass_fds=(channel.fd,))
+        finished = subprocess.run(
+            command,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            input=f"{channel.nonce}\n{json.dumps(calls)}\n",
+            pass_fds=(channel.fd,),
+        )
     except subprocess.TimeoutExpired:
         channel.close()
         return Grade(frozenset(), timed_out=True)
@@ -80,8 +104,12 @@ def grade_calls(root: Path, module: str, tests: Sequence[tuple[str, str, tuple]]
         return Grade(frozenset(), tamper_reasons=tuple(reasons), details={"calls_recorded": False})
     right = [_value(result) == want for result, want in zip(results[0], expected)]
     passed = frozenset(test for (test, _, _), ok in zip(tests, right) if ok)
-    return Grade(passed, tamper_reasons=tuple(reasons), hidden_failed=len(hidden) - sum(right[len(tests):]),
-                 details={"hidden_calls": len(hidden)})
+    return Grade(
+        passed,
+        tamper_reasons=tuple(reasons),
+        hidden_failed=len(hidden) - sum(right[len(tests) :]),
+        details={"hidden_calls": len(hidden)},
+    )
 
 
 def _value(result: list) -> Any:

@@ -19,13 +19,21 @@ from __future__ import annotations
 
 import ast
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 COMPARISON_FLIPS = {  # the negation, then the boundary moved
-    ast.Lt: ("<", [">=", "<="]), ast.LtE: ("<=", [">", "<"]), ast.Gt: (">", ["<=", ">="]), ast.GtE: (">=", ["<", ">"]),
-    ast.Eq: ("==", ["!="]), ast.NotEq: ("!=", ["=="]), ast.In: ("in", ["not in"]), ast.NotIn: ("not in", ["in"]),
-    ast.Is: ("is", ["is not"]), ast.IsNot: ("is not", ["is"]),
+    ast.Lt: ("<", [">=", "<="]),
+    ast.LtE: ("<=", [">", "<"]),
+    ast.Gt: (">", ["<=", ">="]),
+    ast.GtE: (">=", ["<", ">"]),
+    ast.Eq: ("==", ["!="]),
+    ast.NotEq: ("!=", ["=="]),
+    ast.In: ("in", ["not in"]),
+    ast.NotIn: ("not in", ["in"]),
+    ast.Is: ("is", ["is not"]),
+    ast.IsNot: ("is not", ["is"]),
 }
 
 
@@ -54,11 +62,14 @@ class Mutation:
     end: int
 
     def apply(self, source: str) -> str:
-        return source[: self.start] + self.replacement + source[self.end:]
+        return source[: self.start] + self.replacement + source[self.end :]
 
     @property
     def description(self) -> str:
-        return f"{self.kind} in {self.function} (line {self.line}): {self.original.strip()!r} -> {self.replacement.strip()!r}"
+        return (
+            f"{self.kind} in {self.function} (line {self.line}): {self.original.strip()!r} -> "
+            f"{self.replacement.strip()!r}"
+        )
 
 
 def _offsets(source: str) -> list[int]:
@@ -119,7 +130,8 @@ class _Collector(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _shift(self, bound: ast.AST) -> None:
-        """An off-by-one: the bound plus one and minus one (an integer literal is rewritten, anything else gets ``+ 1``)."""
+        """An off-by-one: the bound plus one and minus one (an integer literal is rewritten, anything else gets ``+
+        1``)."""
         for delta in (1, -1):
             if isinstance(bound, ast.Constant) and isinstance(bound.value, int) and not isinstance(bound.value, bool):
                 self._add("off_by_one", bound, str(bound.value + delta))
@@ -140,7 +152,9 @@ class _Collector(ast.NodeVisitor):
 
     def visit_Slice(self, node: ast.Slice) -> None:
         for bound in (node.lower, node.upper):
-            if isinstance(bound, (ast.Constant, ast.Name, ast.BinOp)) and not (isinstance(bound, ast.Constant) and not isinstance(bound.value, int)):
+            if isinstance(bound, (ast.Constant, ast.Name, ast.BinOp)) and not (
+                isinstance(bound, ast.Constant) and not isinstance(bound.value, int)
+            ):
                 self._shift(bound)
         self.generic_visit(node)
 
@@ -188,6 +202,7 @@ def mutations(source: str) -> list[Mutation]:
 
 def iter_functions(source: str) -> Iterator[tuple[str, int, int]]:
     """(qualified name, first line, last line) of every function and method of ``source``."""
+
     def walk(body, scope):
         for node in body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -36,14 +36,38 @@ class Package:
 
 
 PACKAGES = (
-    Package("cachetools", "8.0.2", "MIT", ("src/cachetools/__init__.py", "src/cachetools/keys.py"), ("tests",),
-            ("-o", "pythonpath=src")),  # a src layout: import the sdist's copy, never an installed one
+    Package(
+        "cachetools",
+        "8.0.2",
+        "MIT",
+        ("src/cachetools/__init__.py", "src/cachetools/keys.py"),
+        ("tests",),
+        ("-o", "pythonpath=src"),
+    ),  # a src layout: import the sdist's copy, never an installed one
     Package("inflection", "0.5.1", "MIT", ("inflection/__init__.py",), ("test_inflection.py",)),
     Package("more-itertools", "11.2.1", "MIT", ("more_itertools/recipes.py",), ("tests/test_recipes.py",)),
-    Package("semver", "3.1.2", "BSD-3-Clause", ("src/semver/version.py", "src/semver/_deprecated.py"), ("tests",),
-            ("-o", "addopts=")),  # its addopts need pytest-cov
-    Package("tabulate", "0.10.0", "MIT", ("tabulate/__init__.py",), ("test/test_output.py", "test/test_api.py", "test/test_internal.py")),
-    Package("toolz", "1.2.0", "BSD-3-Clause", ("toolz/itertoolz.py", "toolz/dicttoolz.py", "toolz/functoolz.py"), ("toolz/tests",)),
+    Package(
+        "semver",
+        "3.1.2",
+        "BSD-3-Clause",
+        ("src/semver/version.py", "src/semver/_deprecated.py"),
+        ("tests",),
+        ("-o", "addopts="),
+    ),  # its addopts need pytest-cov
+    Package(
+        "tabulate",
+        "0.10.0",
+        "MIT",
+        ("tabulate/__init__.py",),
+        ("test/test_output.py", "test/test_api.py", "test/test_internal.py"),
+    ),
+    Package(
+        "toolz",
+        "1.2.0",
+        "BSD-3-Clause",
+        ("toolz/itertoolz.py", "toolz/dicttoolz.py", "toolz/functoolz.py"),
+        ("toolz/tests",),
+    ),
 )
 INSTALL_HINT = "make install-code-repair"
 
@@ -58,15 +82,19 @@ def sdist_path(package: Package) -> Path:
 
 
 def sdist_digest(package: Package) -> str:
-    """The sha256 of the package's sdist: the ``base_commit`` of its tasks (a source digest, as there is no git history)."""
+    """The sha256 of the package's sdist: the ``base_commit`` of its tasks (a source digest, as there is no git
+    history)."""
     return hashlib.sha256(sdist_path(package).read_bytes()).hexdigest()
 
 
 def require_sdists(packages: tuple[Package, ...] = PACKAGES) -> None:
     missing = [f"{p.name}=={p.version}" for p in packages if not sdist_path(p).is_file()]
     if missing:
-        raise TraceRayError(f"env=code_repair needs the source distributions of {', '.join(missing)} in {cache_dir() / 'sdists'}; "
-                            f"run {INSTALL_HINT}")
+        raise TraceRayError(
+            f"env=code_repair needs the source distributions of {', '.join(missing)} in "
+            f"{cache_dir() / 'sdists'}; "
+            f"run {INSTALL_HINT}"
+        )
 
 
 def unpack(package: Package, into: Path) -> Path:
@@ -77,7 +105,10 @@ def unpack(package: Package, into: Path) -> Path:
         with tarfile.open(sdist_path(package)) as archive:
             archive.extractall(into, filter="data")
     if not root.is_dir():
-        raise TraceRayError(f"the sdist {sdist_path(package)} does not hold a folder {package.sdist_stem}; delete it and run {INSTALL_HINT}")
+        raise TraceRayError(
+            f"the sdist {sdist_path(package)} does not hold a folder {package.sdist_stem}; delete it "
+            f"and run {INSTALL_HINT}"
+        )
     return root
 
 
@@ -88,12 +119,25 @@ def download(packages: tuple[Package, ...] = PACKAGES) -> None:
     for package in packages:
         if sdist_path(package).is_file():
             continue
-        command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(folder),
-                   f"{package.name}=={package.version}"]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(folder),
+            f"{package.name}=={package.version}",
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0 or not sdist_path(package).is_file():
             last = (result.stderr.strip().splitlines() or ["no sdist"])[-1]
-            raise TraceRayError(f"could not download the sdist of {package.name}=={package.version} ({last}); check the package index")
+            raise TraceRayError(
+                f"could not download the sdist of {package.name}=={package.version} ({last}); check the package index"
+            )
         print(f"cached {sdist_path(package)}")
 
 

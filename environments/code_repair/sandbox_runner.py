@@ -1,4 +1,5 @@
-"""What runs inside the code-repair sandbox, as a script: the limits, then pytest watched by a witness, or a module's calls.
+"""What runs inside the code-repair sandbox, as a script: the limits, then pytest watched by a witness, or a module's
+calls.
 
 ``python sandbox_runner.py LIMITS RECORD_FD pytest ARGS...`` and
 ``python sandbox_runner.py LIMITS RECORD_FD calls MODULE`` (``test_runner.py``
@@ -38,9 +39,13 @@ MB = 1024 * 1024
 
 
 def set_limits(limits: dict) -> None:
-    for kind, value in ((resource.RLIMIT_CPU, limits["cpu_s"]), (resource.RLIMIT_AS, limits["memory_mb"] * MB),
-                        (resource.RLIMIT_NPROC, limits["processes"]), (resource.RLIMIT_NOFILE, limits["open_files"]),
-                        (resource.RLIMIT_FSIZE, limits["file_mb"] * MB)):
+    for kind, value in (
+        (resource.RLIMIT_CPU, limits["cpu_s"]),
+        (resource.RLIMIT_AS, limits["memory_mb"] * MB),
+        (resource.RLIMIT_NPROC, limits["processes"]),
+        (resource.RLIMIT_NOFILE, limits["open_files"]),
+        (resource.RLIMIT_FSIZE, limits["file_mb"] * MB),
+    ):
         resource.setrlimit(kind, (value, value))
 
 

@@ -1,4 +1,5 @@
-"""Where code-repair tasks come from: the pinned packages with injected bugs, or SWE-bench instances with local checkouts.
+"""Where code-repair tasks come from: the pinned packages with injected bugs, or SWE-bench instances with local
+checkouts.
 
 A :class:`TaskSource` gives the environment everything that differs between
 the two: the tasks, each task's original tree, how a working copy gets its
@@ -32,16 +33,26 @@ from environments.errors import TraceRayError
 TASKS_FILE = "tasks.jsonl"
 PACKAGES_FILE = "packages.json"  # a task folder's packages: each one's fields and its unpacked tree ("root")
 NOT_SOURCE = ("conftest.py", "setup.py", "noxfile.py")
-SWE_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+SWE_FIELDS = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
 
 
 def patch_files(patch: str) -> list[str]:
     """The files a unified diff changes (its ``+++ b/...`` paths)."""
-    return [line[len("+++ b/"):].strip() for line in patch.splitlines() if line.startswith("+++ b/")]
+    return [line[len("+++ b/") :].strip() for line in patch.splitlines() if line.startswith("+++ b/")]
 
 
 def patch_edits(patch: str) -> list[tuple[str, str, str]]:
-    """(file, old text, new text) of every hunk of a unified diff: the context and removed lines, the context and added ones."""
+    """(file, old text, new text) of every hunk of a unified diff: the context and removed lines, the context and added
+    ones."""
     edits, path, old, new = [], None, None, None
 
     def close():
@@ -51,7 +62,7 @@ def patch_edits(patch: str) -> list[tuple[str, str, str]]:
     for line in patch.splitlines(keepends=True):
         if line.startswith("+++ b/"):
             close()
-            path, old, new = line[len("+++ b/"):].strip(), None, None
+            path, old, new = line[len("+++ b/") :].strip(), None, None
         elif line.startswith("@@"):
             close()
             old, new = [], []
@@ -95,11 +106,18 @@ class TaskSource:
     def grade(self, task: dict, graded: Path, timeout_s: float) -> Grade:
         """Run the task's hidden tests on the graded copy (default: its tests with canaries and the witness, see
         ``grading.py``)."""
-        return grade_with_pytest(graded, self.test_paths(task), self.pytest_args(task), [*task["FAIL_TO_PASS"], *task["PASS_TO_PASS"]],
-                                 task["FAIL_TO_PASS"], timeout_s)
+        return grade_with_pytest(
+            graded,
+            self.test_paths(task),
+            self.pytest_args(task),
+            [*task["FAIL_TO_PASS"], *task["PASS_TO_PASS"]],
+            task["FAIL_TO_PASS"],
+            timeout_s,
+        )
 
     def source_files(self, task: dict, root: Path) -> list[str]:
-        """The ``.py`` files of ``root`` that are the code under repair: not tests, conftest, setup or hidden folders."""
+        """The ``.py`` files of ``root`` that are the code under repair: not tests, conftest, setup or hidden
+        folders."""
         files = []
         for path in sorted(root.rglob("*.py")):
             relative = path.relative_to(root).as_posix()
@@ -117,7 +135,7 @@ class PackageSource(TaskSource):
     roots: dict[str, Path]  # repo -> the unpacked original
 
     @classmethod
-    def from_cache(cls) -> "PackageSource":
+    def from_cache(cls) -> PackageSource:
         path = cache_dir() / TASKS_FILE
         if not path.is_file():
             raise TraceRayError(f"env=code_repair needs its tasks in {path}; run make install-code-repair")
@@ -127,22 +145,32 @@ class PackageSource(TaskSource):
         return cls(tasks, packages, roots)
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "PackageSource":
-        """Tasks on local packages: ``folder/tasks.jsonl`` and ``folder/packages.json`` (see :func:`write_task_folder`)."""
+    def from_folder(cls, folder: str | Path) -> PackageSource:
+        """Tasks on local packages: ``folder/tasks.jsonl`` and ``folder/packages.json`` (see
+        :func:`write_task_folder`)."""
         folder = Path(folder)
         missing = [name for name in (TASKS_FILE, PACKAGES_FILE) if not (folder / name).is_file()]
         if missing:
-            raise TraceRayError(f"env.tasks_dir={folder} lacks {' and '.join(missing)}; write the folder with "
-                                "environments.code_repair.sources.write_task_folder, or leave env.tasks_dir out")
-        tasks = [json.loads(line) for line in (folder / TASKS_FILE).read_text(encoding="utf-8").splitlines() if line.strip()]
+            raise TraceRayError(
+                f"env.tasks_dir={folder} lacks {' and '.join(missing)}; write the folder with "
+                "environments.code_repair.sources.write_task_folder, or leave env.tasks_dir out"
+            )
+        tasks = [
+            json.loads(line) for line in (folder / TASKS_FILE).read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
         packages, roots = {}, {}
         for entry in json.loads((folder / PACKAGES_FILE).read_text(encoding="utf-8")):
-            fields = {key: tuple(value) if isinstance(value, list) else value for key, value in entry.items() if key != "root"}
+            fields = {
+                key: tuple(value) if isinstance(value, list) else value for key, value in entry.items() if key != "root"
+            }
             package = Package(**fields)
             packages[f"pypi/{package.name}"], roots[f"pypi/{package.name}"] = package, folder / entry["root"]
         unknown = sorted({task["repo"] for task in tasks} - set(packages))
         if unknown:
-            raise TraceRayError(f"{folder / TASKS_FILE} has tasks of {', '.join(unknown)}, which {folder / PACKAGES_FILE} does not describe")
+            raise TraceRayError(
+                f"{folder / TASKS_FILE} has tasks of {', '.join(unknown)}, which "
+                f"{folder / PACKAGES_FILE} does not describe"
+            )
         return cls(tasks, packages, roots)
 
     def original(self, task: dict) -> Path:
@@ -152,12 +180,18 @@ class PackageSource(TaskSource):
         mutation = task["mutation"]
         buggy = workdir / mutation["file"]
         text = buggy.read_text(encoding="utf-8")
-        buggy.write_text(text[: mutation["start"]] + mutation["replacement"] + text[mutation["end"]:], encoding="utf-8")
+        buggy.write_text(
+            text[: mutation["start"]] + mutation["replacement"] + text[mutation["end"] :], encoding="utf-8"
+        )
 
     def buggy_text(self, task: dict, relative: str) -> str:
         text = (self.original(task) / relative).read_text(encoding="utf-8")
         mutation = task["mutation"]
-        return text[: mutation["start"]] + mutation["replacement"] + text[mutation["end"]:] if relative == mutation["file"] else text
+        return (
+            text[: mutation["start"]] + mutation["replacement"] + text[mutation["end"] :]
+            if relative == mutation["file"]
+            else text
+        )
 
     def test_paths(self, task: dict) -> list[str]:
         return list(self.packages[task["repo"]].tests)
@@ -192,10 +226,13 @@ class SWEBenchSource(TaskSource):
     kind = "repository"
 
     @classmethod
-    def from_files(cls, instances: str | None, repos_dir: str | None) -> "SWEBenchSource":
+    def from_files(cls, instances: str | None, repos_dir: str | None) -> SWEBenchSource:
         if not instances or not repos_dir:
-            raise TraceRayError("env=swebench needs env.instances=FILE.jsonl (SWE-bench instances) and env.repos_dir=DIR "
-                                "(their repositories checked out at base_commit)")
+            raise TraceRayError(
+                "env=swebench needs env.instances=FILE.jsonl (SWE-bench instances) and "
+                "env.repos_dir=DIR "
+                "(their repositories checked out at base_commit)"
+            )
         path, folder = Path(instances), Path(repos_dir)
         if not path.is_file():
             raise TraceRayError(f"env.instances={path} does not exist; point it at a SWE-bench instances JSONL file")
@@ -206,10 +243,14 @@ class SWEBenchSource(TaskSource):
             try:
                 task = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise TraceRayError(f"{path}:{number} is not JSON ({exc.msg}); one SWE-bench instance per line") from None
+                raise TraceRayError(
+                    f"{path}:{number} is not JSON ({exc.msg}); one SWE-bench instance per line"
+                ) from None
             missing = [field for field in SWE_FIELDS if field not in task]
             if missing:
-                raise TraceRayError(f"{path}:{number} lacks {', '.join(missing)}; SWE-bench instances need {', '.join(SWE_FIELDS)}")
+                raise TraceRayError(
+                    f"{path}:{number} lacks {', '.join(missing)}; SWE-bench instances need {', '.join(SWE_FIELDS)}"
+                )
             for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):  # the official files hold these as JSON strings
                 task[key] = json.loads(task[key]) if isinstance(task[key], str) else task[key]
             task.setdefault("split", "eval")
@@ -223,13 +264,18 @@ class SWEBenchSource(TaskSource):
         candidates = [self.repos_dir / task["instance_id"], self.repos_dir / task["repo"].replace("/", "__")]
         root = next((path for path in candidates if path.is_dir()), None)
         if root is None:
-            raise TraceRayError(f"no checkout for {task['instance_id']}: expected {candidates[0]} or {candidates[1]} "
-                                f"at commit {task['base_commit']}")
+            raise TraceRayError(
+                f"no checkout for {task['instance_id']}: expected {candidates[0]} or {candidates[1]} "
+                f"at commit {task['base_commit']}"
+            )
         if (root / ".git").exists():
             head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
             if head != task["base_commit"]:
-                raise TraceRayError(f"{root} is at commit {head[:12] or '?'}, not {task['instance_id']}'s base_commit "
-                                    f"{task['base_commit'][:12]}; check it out with git -C {root} checkout {task['base_commit']}")
+                raise TraceRayError(
+                    f"{root} is at commit {head[:12] or '?'}, not {task['instance_id']}'s base_commit "
+                    f"{task['base_commit'][:12]}; check it out with git -C {root} checkout "
+                    f"{task['base_commit']}"
+                )
         return root
 
     def test_paths(self, task: dict) -> list[str]:
@@ -237,13 +283,21 @@ class SWEBenchSource(TaskSource):
 
     def is_test(self, task: dict, relative: str) -> bool:
         path = Path(relative)
-        return (relative in patch_files(task["test_patch"]) or relative in self.test_paths(task)
-                or any(part in ("test", "tests", "testing") for part in path.parts[:-1])
-                or path.name.startswith("test_") or path.stem.endswith("_test"))
+        return (
+            relative in patch_files(task["test_patch"])
+            or relative in self.test_paths(task)
+            or any(part in ("test", "tests", "testing") for part in path.parts[:-1])
+            or path.name.startswith("test_")
+            or path.stem.endswith("_test")
+        )
 
     def before_grading(self, task: dict, graded: Path) -> None:
         if not task["test_patch"].strip():
             return
-        applied = subprocess.run(["git", "apply", "-"], input=task["test_patch"], text=True, cwd=graded, capture_output=True)
+        applied = subprocess.run(
+            ["git", "apply", "-"], input=task["test_patch"], text=True, cwd=graded, capture_output=True
+        )
         if applied.returncode != 0:
-            raise TraceRayError(f"{task['instance_id']}: its test_patch does not apply to the checkout ({applied.stderr.strip()[:200]})")
+            raise TraceRayError(
+                f"{task['instance_id']}: its test_patch does not apply to the checkout ({applied.stderr.strip()[:200]})"
+            )

@@ -24,7 +24,14 @@ from pathlib import Path
 from environments.code_repair.environment import CodeRepairEnvironment
 from environments.code_repair.grading import Grade, grade_calls
 from environments.code_repair.sources import TaskSource
-from environments.code_repair.synthetic_templates import TEMPLATES, SyntheticTask, hidden_calls, make_task, outcomes, test_calls
+from environments.code_repair.synthetic_templates import (
+    TEMPLATES,
+    SyntheticTask,
+    hidden_calls,
+    make_task,
+    outcomes,
+    test_calls,
+)
 from environments.protocol import Message, tool_call_message
 from environments.synthetic.seeds import TemplateSeeds
 
@@ -42,14 +49,23 @@ def instance(task: SyntheticTask, seed: int) -> dict:
     """The task in SWE-bench's instance fields (what the code-repair environment reads), plus the template's script."""
     digest = hashlib.sha256((task.buggy + task.tests).encode()).hexdigest()
     return {
-        "instance_id": f"synthetic__{task.capability}-{seed}", "repo": f"synthetic/{task.module.name}", "base_commit": digest,
-        "problem_statement": task.issue, "patch": "", "test_patch": "", "split": "train", "family": f"synthetic/{task.capability}",
-        "FAIL_TO_PASS": task.fail_to_pass, "PASS_TO_PASS": task.pass_to_pass, "synthetic": task,
+        "instance_id": f"synthetic__{task.capability}-{seed}",
+        "repo": f"synthetic/{task.module.name}",
+        "base_commit": digest,
+        "problem_statement": task.issue,
+        "patch": "",
+        "test_patch": "",
+        "split": "train",
+        "family": f"synthetic/{task.capability}",
+        "FAIL_TO_PASS": task.fail_to_pass,
+        "PASS_TO_PASS": task.pass_to_pass,
+        "synthetic": task,
     }
 
 
 class GeneratedSource(TaskSource):
-    """Generated modules: the original tree (the correct module and its tests) written once per task to a scratch folder."""
+    """Generated modules: the original tree (the correct module and its tests) written once per task to a scratch
+    folder."""
 
     kind = "module"
 
@@ -89,7 +105,9 @@ class GeneratedSource(TaskSource):
         """Every test's call and hidden calls drawn now, run in the sandbox; the values compared here with the correct
         module's (see ``grading.py``)."""
         module = task["synthetic"].module
-        tests = [(f"{module.test_file}::{test}", function, arguments) for test, function, arguments in test_calls(module)]
+        tests = [
+            (f"{module.test_file}::{test}", function, arguments) for test, function, arguments in test_calls(module)
+        ]
         hidden = hidden_calls(module, random.Random(secrets.randbits(64)))
         expected = outcomes(module.source, [(function, arguments) for _, function, arguments in tests] + hidden)
         return grade_calls(graded, module.name, tests, hidden, expected, timeout_s)
@@ -98,10 +116,18 @@ class GeneratedSource(TaskSource):
 class CodeRepairTemplateEnvironment(TemplateSeeds, CodeRepairEnvironment):
     split_seeds, train_seed_offset = SPLIT_SEEDS, TRAIN_SEED_OFFSET
 
-    def __init__(self, capability: str, difficulty: int, max_turns: int = 50, max_tool_calls_per_turn: int = 8,
-                 success_threshold: float = 1.0):
+    def __init__(
+        self,
+        capability: str,
+        difficulty: int,
+        max_turns: int = 50,
+        max_tool_calls_per_turn: int = 8,
+        success_threshold: float = 1.0,
+    ):
         if capability not in TEMPLATES:
-            raise ValueError(f"no code_repair template for capability {capability!r}; templates: {', '.join(sorted(TEMPLATES))}")
+            raise ValueError(
+                f"no code_repair template for capability {capability!r}; templates: {', '.join(sorted(TEMPLATES))}"
+            )
         template = TEMPLATES[capability]
         if difficulty not in template.difficulties:
             raise ValueError(f"difficulty {difficulty} of {capability!r} is not one of {list(template.difficulties)}")

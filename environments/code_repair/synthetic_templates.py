@@ -34,14 +34,29 @@ from __future__ import annotations
 
 import difflib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from environments.code_repair.mutations import Mutation, iter_functions, mutations
+from environments.synthetic.template import CapabilityTemplate
 
 DIFFICULTIES = (1, 2, 3)
 MODULE_NAMES = ("helpers", "measures", "listing", "tally", "ranges", "shaping", "figures", "batches")
-NOUNS = ("speed", "volume", "width", "price", "score", "level", "weight", "stock", "delay", "height", "budget", "margin")
+NOUNS = (
+    "speed",
+    "volume",
+    "width",
+    "price",
+    "score",
+    "level",
+    "weight",
+    "stock",
+    "delay",
+    "height",
+    "budget",
+    "margin",
+)
 CASES_PER_FUNCTION = 6
 HIDDEN_CALLS_PER_FUNCTION = 4  # calls the grader adds per function, drawn per grading run (grading.py)
 
@@ -60,91 +75,146 @@ def _ints(rng: random.Random, size: int, low: int = 0, high: int = 20) -> list[i
 
 
 FAMILIES = (
-    Family("clamp", (
-        "def {name}(value, low={low}, high={high}):\n"
-        "    if value < low:\n"
-        "        return low\n"
-        "    if value > high:\n"
-        "        return high\n"
-        "    return value\n"),
+    Family(
+        "clamp",
+        (
+            "def {name}(value, low={low}, high={high}):\n"
+            "    if value < low:\n"
+            "        return low\n"
+            "    if value > high:\n"
+            "        return high\n"
+            "    return value\n"
+        ),
         lambda rng: {"low": (low := rng.randint(0, 5)), "high": low + rng.randint(5, 15)},
-        lambda rng, c: [(v,) for v in (c["low"] - 2, c["low"], c["low"] + 1, c["high"] - 1, c["high"], c["high"] + 3)]),
-    Family("count_between", (
-        "def {name}(values, low, high):\n"
-        "    count = 0\n"
-        "    for value in values:\n"
-        "        if value >= low and value < high:\n"
-        "            count += 1\n"
-        "    return count\n"),
+        lambda rng, c: [(v,) for v in (c["low"] - 2, c["low"], c["low"] + 1, c["high"] - 1, c["high"], c["high"] + 3)],
+    ),
+    Family(
+        "count_between",
+        (
+            "def {name}(values, low, high):\n"
+            "    count = 0\n"
+            "    for value in values:\n"
+            "        if value >= low and value < high:\n"
+            "            count += 1\n"
+            "    return count\n"
+        ),
         lambda rng: {},
-        lambda rng, c: [(values, low, low + rng.randint(1, 6)) for values, low in
-                        ((sorted(_ints(rng, 6)), rng.randint(0, 10)) for _ in range(CASES_PER_FUNCTION - 1))]
-        + [([1, 2, 3, 4], 2, 4)]),
-    Family("window_sums", (
-        "def {name}(values, size={size}):\n"
-        "    sums = []\n"
-        "    for start in range(len(values) - size + 1):\n"
-        "        sums.append(sum(values[start:start + size]))\n"
-        "    return sums\n"),
+        lambda rng, c: (
+            [
+                (values, low, low + rng.randint(1, 6))
+                for values, low in ((sorted(_ints(rng, 6)), rng.randint(0, 10)) for _ in range(CASES_PER_FUNCTION - 1))
+            ]
+            + [([1, 2, 3, 4], 2, 4)]
+        ),
+    ),
+    Family(
+        "window_sums",
+        (
+            "def {name}(values, size={size}):\n"
+            "    sums = []\n"
+            "    for start in range(len(values) - size + 1):\n"
+            "        sums.append(sum(values[start:start + size]))\n"
+            "    return sums\n"
+        ),
         lambda rng: {"size": rng.randint(2, 3)},
-        lambda rng, c: [(_ints(rng, length),) for length in (2, 3, 4, 5, 6, 7)]),
-    Family("last_items", (
-        "def {name}(values, count):\n"
-        "    if count <= 0:\n"
-        "        return []\n"
-        "    return values[-count:]\n"),
+        lambda rng, c: [(_ints(rng, length),) for length in (2, 3, 4, 5, 6, 7)],
+    ),
+    Family(
+        "last_items",
+        ("def {name}(values, count):\n    if count <= 0:\n        return []\n    return values[-count:]\n"),
         lambda rng: {},
-        lambda rng, c: [(_ints(rng, 5), count) for count in (0, 1, 2, 3, 5, -1)]),
-    Family("first_above", (
-        "def {name}(values, threshold={threshold}):\n"
-        "    for index in range(len(values)):\n"
-        "        if values[index] > threshold:\n"
-        "            return index\n"
-        "    return -1\n"),
+        lambda rng, c: [(_ints(rng, 5), count) for count in (0, 1, 2, 3, 5, -1)],
+    ),
+    Family(
+        "first_above",
+        (
+            "def {name}(values, threshold={threshold}):\n"
+            "    for index in range(len(values)):\n"
+            "        if values[index] > threshold:\n"
+            "            return index\n"
+            "    return -1\n"
+        ),
         lambda rng: {"threshold": rng.randint(5, 15)},
-        lambda rng, c: [(values,) for values in (
-            [c["threshold"]] * 3, [c["threshold"] + 1], [0, c["threshold"], c["threshold"] + 2], [],
-            _ints(rng, 5), [c["threshold"] + 4, 0])]),
-    Family("grade", (
-        "def {name}(score, top={top}, pass_mark={pass_mark}):\n"
-        "    if score >= top:\n"
-        "        return \"{word}\"\n"
-        "    if score >= pass_mark:\n"
-        "        return \"pass\"\n"
-        "    return \"fail\"\n"),
-        lambda rng: {"pass_mark": (mark := rng.randint(40, 60)), "top": mark + rng.randint(20, 35),
-                     "word": rng.choice(("excellent", "distinction", "top"))},
-        lambda rng, c: [(s,) for s in (c["top"], c["top"] - 1, c["pass_mark"], c["pass_mark"] - 1, 0, c["top"] + 5)]),
-    Family("pad_left", (
-        "def {name}(text, width={width}, fill=\"{fill}\"):\n"
-        "    if len(text) >= width:\n"
-        "        return text\n"
-        "    return fill * (width - len(text)) + text\n"),
+        lambda rng, c: [
+            (values,)
+            for values in (
+                [c["threshold"]] * 3,
+                [c["threshold"] + 1],
+                [0, c["threshold"], c["threshold"] + 2],
+                [],
+                _ints(rng, 5),
+                [c["threshold"] + 4, 0],
+            )
+        ],
+    ),
+    Family(
+        "grade",
+        (
+            "def {name}(score, top={top}, pass_mark={pass_mark}):\n"
+            "    if score >= top:\n"
+            '        return "{word}"\n'
+            "    if score >= pass_mark:\n"
+            '        return "pass"\n'
+            '    return "fail"\n'
+        ),
+        lambda rng: {
+            "pass_mark": (mark := rng.randint(40, 60)),
+            "top": mark + rng.randint(20, 35),
+            "word": rng.choice(("excellent", "distinction", "top")),
+        },
+        lambda rng, c: [(s,) for s in (c["top"], c["top"] - 1, c["pass_mark"], c["pass_mark"] - 1, 0, c["top"] + 5)],
+    ),
+    Family(
+        "pad_left",
+        (
+            'def {name}(text, width={width}, fill="{fill}"):\n'
+            "    if len(text) >= width:\n"
+            "        return text\n"
+            "    return fill * (width - len(text)) + text\n"
+        ),
         lambda rng: {"width": rng.randint(4, 8), "fill": rng.choice("0.*-")},
-        lambda rng, c: [(text,) for text in ("", "7", "ab", "x" * (c["width"] - 1), "y" * c["width"], "z" * (c["width"] + 2))]),
-    Family("is_sorted", (
-        "def {name}(values):\n"
-        "    for index in range(1, len(values)):\n"
-        "        if values[index - 1] > values[index]:\n"
-        "            return False\n"
-        "    return True\n"),
+        lambda rng, c: [
+            (text,) for text in ("", "7", "ab", "x" * (c["width"] - 1), "y" * c["width"], "z" * (c["width"] + 2))
+        ],
+    ),
+    Family(
+        "is_sorted",
+        (
+            "def {name}(values):\n"
+            "    for index in range(1, len(values)):\n"
+            "        if values[index - 1] > values[index]:\n"
+            "            return False\n"
+            "    return True\n"
+        ),
         lambda rng: {},
-        lambda rng, c: [(values,) for values in ([], [3], [1, 1, 2], [2, 1], [1, 3, 2], sorted(_ints(rng, 5)))]),
-    Family("chunk", (
-        "def {name}(values, size={size}):\n"
-        "    chunks = []\n"
-        "    for start in range(0, len(values), size):\n"
-        "        chunks.append(values[start:start + size])\n"
-        "    return chunks\n"),
+        lambda rng, c: [(values,) for values in ([], [3], [1, 1, 2], [2, 1], [1, 3, 2], sorted(_ints(rng, 5)))],
+    ),
+    Family(
+        "chunk",
+        (
+            "def {name}(values, size={size}):\n"
+            "    chunks = []\n"
+            "    for start in range(0, len(values), size):\n"
+            "        chunks.append(values[start:start + size])\n"
+            "    return chunks\n"
+        ),
         lambda rng: {"size": rng.randint(2, 3)},
-        lambda rng, c: [(_ints(rng, length),) for length in (0, 1, 2, 3, 5, 7)]),
-    Family("percent", (
-        "def {name}(part, whole, digits={digits}):\n"
-        "    if whole == 0:\n"
-        "        return 0.0\n"
-        "    return round(100 * part / whole, digits)\n"),
+        lambda rng, c: [(_ints(rng, length),) for length in (0, 1, 2, 3, 5, 7)],
+    ),
+    Family(
+        "percent",
+        (
+            "def {name}(part, whole, digits={digits}):\n"
+            "    if whole == 0:\n"
+            "        return 0.0\n"
+            "    return round(100 * part / whole, digits)\n"
+        ),
         lambda rng: {"digits": rng.randint(0, 2)},
-        lambda rng, c: [(part, whole) for part, whole in ((1, 3), (2, 7), (5, 0), (0, 4), (9, 8), (rng.randint(1, 50), rng.randint(51, 99)))]),
+        lambda rng, c: [
+            (part, whole)
+            for part, whole in ((1, 3), (2, 7), (5, 0), (0, 4), (9, 8), (rng.randint(1, 50), rng.randint(51, 99)))
+        ],
+    ),
 )
 
 
@@ -179,14 +249,17 @@ class Module:
 
 
 def _draw_function(rng: random.Random, family: Family, taken: set[str]) -> Function:
-    name = next(candidate for candidate in (f"{family.base}_{rng.choice(NOUNS)}" for _ in range(100)) if candidate not in taken)
+    name = next(
+        candidate for candidate in (f"{family.base}_{rng.choice(NOUNS)}" for _ in range(100)) if candidate not in taken
+    )
     taken.add(name)
     constants = family.constants(rng)
     return Function(name, family, family.source.format(name=name, **constants), family.cases(rng, constants))
 
 
 def draw_module(rng: random.Random, size: int, look_alikes: int) -> tuple[Module, str]:
-    """A module of ``size`` functions whose first-drawn one (the bug's, returned by name) has ``look_alikes`` of its family."""
+    """A module of ``size`` functions whose first-drawn one (the bug's, returned by name) has ``look_alikes`` of its
+    family."""
     target_family = rng.choice(FAMILIES)
     taken: set[str] = set()
     functions = [_draw_function(rng, target_family, taken) for _ in range(1 + look_alikes)]
@@ -220,8 +293,11 @@ def outcomes(source: str, calls: list[tuple[str, tuple]]) -> list[Any]:
 
 def test_calls(module: Module) -> list[tuple[str, str, tuple]]:
     """(test name, function, arguments) of every test, in the test file's order."""
-    return [(f"test_{function.name}_{index}", function.name, arguments)
-            for function in module.functions for index, arguments in enumerate(function.cases, 1)]
+    return [
+        (f"test_{function.name}_{index}", function.name, arguments)
+        for function in module.functions
+        for index, arguments in enumerate(function.cases, 1)
+    ]
 
 
 def _varied(argument: Any, rng: random.Random) -> Any:
@@ -237,10 +313,15 @@ def _varied(argument: Any, rng: random.Random) -> Any:
     return argument
 
 
-def hidden_calls(module: Module, rng: random.Random, per_function: int = HIDDEN_CALLS_PER_FUNCTION) -> list[tuple[str, tuple]]:
+def hidden_calls(
+    module: Module, rng: random.Random, per_function: int = HIDDEN_CALLS_PER_FUNCTION
+) -> list[tuple[str, tuple]]:
     """(function, arguments) of calls the tests do not make: each function's test arguments varied at random."""
-    return [(function.name, tuple(_varied(argument, rng) for argument in rng.choice(function.cases)))
-            for function in module.functions for _ in range(per_function)]
+    return [
+        (function.name, tuple(_varied(argument, rng) for argument in rng.choice(function.cases)))
+        for function in module.functions
+        for _ in range(per_function)
+    ]
 
 
 def test_file_text(module: Module, expected: list[Any]) -> str:
@@ -319,7 +400,11 @@ class Draft:
 
     def failing(self, source: str) -> list[str]:
         """The tests that fail on ``source``."""
-        return [test for (test, _, _), got, want in zip(self.tests, outcomes(source, self.calls), self.expected) if got != want]
+        return [
+            test
+            for (test, _, _), got, want in zip(self.tests, outcomes(source, self.calls), self.expected)
+            if got != want
+        ]
 
     def bugs(self, function: str, kinds: tuple[str, ...] = ()) -> list[Mutation]:
         """The mutations of ``function`` (of these kinds, if given) that fail a test of that function and no other."""
@@ -330,20 +415,37 @@ class Draft:
     def issue_for(self, buggy: str, intro: str = "") -> str:
         """The issue text of the first failing call: what was called, what came back, what was expected."""
         got_all = outcomes(buggy, self.calls)
-        for (test, function, arguments), got, want in zip(self.tests, got_all, self.expected):
+        for (_test, function, arguments), got, want in zip(self.tests, got_all, self.expected):
             if got != want and function == self.target:
                 came = f"raises {got[1]}" if isinstance(got, tuple) and got[:1] == ("raises",) else f"returns {got!r}"
                 return f"{intro}`{call_text(function, arguments)}` {came}, but it should return {want!r}."
         raise ValueError("the bug fails no test of its function")
 
-    def task(self, capability: str, buggy: str, issue: str, oracle: list[tuple[str, dict]], turn: int,
-             broken: tuple[str, dict]) -> SyntheticTask:
+    def task(
+        self,
+        capability: str,
+        buggy: str,
+        issue: str,
+        oracle: list[tuple[str, dict]],
+        turn: int,
+        broken: tuple[str, dict],
+    ) -> SyntheticTask:
         failing = self.failing(buggy)
         tests = [test for test, _, _ in self.tests]
         test_file = test_file_text(self.module, self.expected)
         node = f"{self.module.test_file}::"
-        return SyntheticTask(capability, self.module, buggy, test_file, issue, oracle, turn, broken,
-                             [node + test for test in failing], [node + test for test in tests if test not in failing])
+        return SyntheticTask(
+            capability,
+            self.module,
+            buggy,
+            test_file,
+            issue,
+            oracle,
+            turn,
+            broken,
+            [node + test for test in failing],
+            [node + test for test in tests if test not in failing],
+        )
 
 
 def read_move(draft: Draft, buggy: str) -> tuple[str, dict]:
@@ -363,8 +465,12 @@ def _localisation(draft: Draft, difficulty: int) -> SyntheticTask | None:
         return None
     bug, decoy = draft.rng.choice(bugs), draft.rng.choice(decoys)
     buggy = bug.apply(draft.source)
-    oracle = [("search", {"pattern": f"def {draft.target}("}), read_move(draft, buggy),
-              replace_move(draft, line_edit(buggy, draft.source)), ("submit", {})]
+    oracle = [
+        ("search", {"pattern": f"def {draft.target}("}),
+        read_move(draft, buggy),
+        replace_move(draft, line_edit(buggy, draft.source)),
+        ("submit", {}),
+    ]
     wrong = line_edit(buggy, apply_all(draft.source, [bug, decoy]))  # a look-alike changed instead
     return draft.task("code_localisation", buggy, draft.issue_for(buggy), oracle, 2, replace_move(draft, wrong))
 
@@ -379,10 +485,17 @@ def _reproduction(draft: Draft, difficulty: int) -> SyntheticTask | None:
     if not guesses:
         return None
     guess = draft.rng.choice(guesses)  # a plausible fix elsewhere in the function: it changes correct code
-    issue = (f"`{draft.target}` in {draft.module.file} gives wrong results for some inputs. We have not narrowed it "
-             f"down; the tests in {draft.module.test_file} show it.")
-    oracle = [("run_tests", {"target": draft.module.test_file}), read_move(draft, buggy),
-              replace_move(draft, line_edit(buggy, draft.source)), ("run_tests", {"target": draft.module.test_file}), ("submit", {})]
+    issue = (
+        f"`{draft.target}` in {draft.module.file} gives wrong results for some inputs. We have not narrowed it "
+        f"down; the tests in {draft.module.test_file} show it."
+    )
+    oracle = [
+        ("run_tests", {"target": draft.module.test_file}),
+        read_move(draft, buggy),
+        replace_move(draft, line_edit(buggy, draft.source)),
+        ("run_tests", {"target": draft.module.test_file}),
+        ("submit", {}),
+    ]
     wrong = line_edit(buggy, apply_all(draft.source, [bug, guess]))
     return draft.task("failure_reproduction", buggy, issue, oracle, 0, replace_move(draft, wrong))
 
@@ -390,15 +503,25 @@ def _reproduction(draft: Draft, difficulty: int) -> SyntheticTask | None:
 def _verification(draft: Draft, difficulty: int) -> SyntheticTask | None:
     candidates = draft.bugs(draft.target)
     draft.rng.shuffle(candidates)
-    pairs = [(first, second) for first in candidates for second in candidates
-             if (second.end <= first.start or second.start >= first.end) and first.line != second.line]
+    pairs = [
+        (first, second)
+        for first in candidates
+        for second in candidates
+        if (second.end <= first.start or second.start >= first.end) and first.line != second.line
+    ]
     if not pairs:
         return None
     first, second = pairs[0]
     buggy, only_second = apply_all(draft.source, [first, second]), second.apply(draft.source)
     test_move = ("run_tests", {"target": draft.module.test_file})
-    oracle = [read_move(draft, buggy), replace_move(draft, line_edit(buggy, only_second)), test_move,
-              replace_move(draft, line_edit(only_second, draft.source)), test_move, ("submit", {})]
+    oracle = [
+        read_move(draft, buggy),
+        replace_move(draft, line_edit(buggy, only_second)),
+        test_move,
+        replace_move(draft, line_edit(only_second, draft.source)),
+        test_move,
+        ("submit", {}),
+    ]
     return draft.task("fix_verification", buggy, draft.issue_for(buggy), oracle, 2, ("submit", {}))
 
 
@@ -428,38 +551,60 @@ def _minimal(draft: Draft, difficulty: int) -> SyntheticTask | None:
     spans = [function_span(buggy, name) for name in (draft.target, neighbour)]
     first, last = min(span[0] for span in spans), max(span[1] for span in spans)
     tidied = draft.rng.choice(changes).apply(draft.source)
-    rewrite = Edit("".join(buggy.splitlines(keepends=True)[first - 1:last]).rstrip("\n"),
-                   "".join(tidied.splitlines(keepends=True)[first - 1:last]).rstrip("\n"))
-    oracle = [read_move(draft, buggy), replace_move(draft, line_edit(buggy, draft.source)),
-              ("run_tests", {"target": draft.module.test_file}), ("submit", {})]
+    rewrite = Edit(
+        "".join(buggy.splitlines(keepends=True)[first - 1 : last]).rstrip("\n"),
+        "".join(tidied.splitlines(keepends=True)[first - 1 : last]).rstrip("\n"),
+    )
+    oracle = [
+        read_move(draft, buggy),
+        replace_move(draft, line_edit(buggy, draft.source)),
+        ("run_tests", {"target": draft.module.test_file}),
+        ("submit", {}),
+    ]
     return draft.task("minimal_change", buggy, draft.issue_for(buggy), oracle, 1, replace_move(draft, rewrite))
 
 
-@dataclass(frozen=True)
-class CodeRepairTemplate:
-    capability: str
-    description: str
-    build: Callable[[Draft, int], SyntheticTask | None]  # None: this draw cannot hold the capability's task; draw again
-    difficulties: tuple[int, ...] = DIFFICULTIES
-    default_difficulty: int = 2
-
-
-TEMPLATES = {template.capability: template for template in (
-    CodeRepairTemplate("code_localisation", "Find the function that causes the reported behaviour and read it before "
-                       "editing, rather than changing a look-alike.", _localisation),
-    CodeRepairTemplate("failure_reproduction", "Run the failing tests to see the bug before changing any code, instead "
-                       "of guessing a fix from the issue.", _reproduction),
-    CodeRepairTemplate("fix_verification", "Run the tests after the last edit and before submitting, and keep fixing "
-                       "until they pass.", _verification),
-    CodeRepairTemplate("edit_precision", "Make edits that apply and leave the file valid Python: the exact snippet, "
-                       "indentation and brackets.", _precision),
-    CodeRepairTemplate("minimal_change", "Change only the code that causes the bug; leave the surrounding functions "
-                       "as they are.", _minimal),
-)}
+TEMPLATES = {
+    template.capability: template
+    for template in (
+        CapabilityTemplate(
+            "code_localisation",
+            "Find the function that causes the reported behaviour and read it before "
+            "editing, rather than changing a look-alike.",
+            _localisation,
+            DIFFICULTIES,
+        ),
+        CapabilityTemplate(
+            "failure_reproduction",
+            "Run the failing tests to see the bug before changing any code, instead of guessing a fix from the issue.",
+            _reproduction,
+            DIFFICULTIES,
+        ),
+        CapabilityTemplate(
+            "fix_verification",
+            "Run the tests after the last edit and before submitting, and keep fixing until they pass.",
+            _verification,
+            DIFFICULTIES,
+        ),
+        CapabilityTemplate(
+            "edit_precision",
+            "Make edits that apply and leave the file valid Python: the exact snippet, indentation and brackets.",
+            _precision,
+            DIFFICULTIES,
+        ),
+        CapabilityTemplate(
+            "minimal_change",
+            "Change only the code that causes the bug; leave the surrounding functions as they are.",
+            _minimal,
+            DIFFICULTIES,
+        ),
+    )
+}
 
 
 def _replay(buggy: str, moves: list[tuple[str, dict]]) -> str:
-    """The module's source after ``moves`` (edits applied as replace_in_file would; the rest read or end the episode)."""
+    """The module's source after ``moves`` (edits applied as replace_in_file would; the rest read or end the
+    episode)."""
     for tool, arguments in moves:
         if tool == "submit":
             break
@@ -472,9 +617,13 @@ def holds(draft: Draft, task: SyntheticTask) -> bool:
     """The oracle's moves restore the module, and with its capability turn broken they leave a test failing."""
     broken = [task.broken if turn == task.capability_turn else move for turn, move in enumerate(task.oracle)]
     replaced = [move for move in task.oracle if move[0] == "replace_in_file"]
-    unique = all(source.count(arguments["old"]) == 1 for source, (_, arguments) in
-                 zip(_sources_before(task.buggy, replaced), replaced))
-    return unique and _replay(task.buggy, task.oracle) == draft.source and bool(draft.failing(_replay(task.buggy, broken)))
+    unique = all(
+        source.count(arguments["old"]) == 1
+        for source, (_, arguments) in zip(_sources_before(task.buggy, replaced), replaced)
+    )
+    return (
+        unique and _replay(task.buggy, task.oracle) == draft.source and bool(draft.failing(_replay(task.buggy, broken)))
+    )
 
 
 def _sources_before(buggy: str, moves: list[tuple[str, dict]]) -> list[str]:

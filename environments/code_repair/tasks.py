@@ -20,14 +20,13 @@ import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from environments.code_repair.mutations import Mutation, mutations
-from environments.code_repair.packages import Package
+from environments.code_repair.packages import PACKAGES, Package, cache_dir, sdist_digest, unpack
 from environments.code_repair.test_runner import RecordChannel, pytest_command, require_started
-from environments.code_repair.packages import PACKAGES, cache_dir, sdist_digest, unpack
 
 SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) (\S+)")
 FAILURE_HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
@@ -86,10 +85,14 @@ def witnessed(records: list[dict], foreign: int) -> Witnessed:
     problems = [f"{foreign} line(s) on the witness's channel without the run's nonce"] if foreign else []
     problems += ["the collection recorded more than once"] if len(collections) > 1 else []
     problems += [f"{len(twice)} test(s) recorded twice (e.g. {min(twice)})"] if twice else []
-    return Witnessed(frozenset(summary_id(node) for node in (collections[0] if collections else ())), outcomes, tuple(problems))
+    return Witnessed(
+        frozenset(summary_id(node) for node in (collections[0] if collections else ())), outcomes, tuple(problems)
+    )
 
 
-def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), timeout_s: float = 60, sandboxed: bool = False) -> TestRun:
+def run_tests(
+    root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), timeout_s: float = 60, sandboxed: bool = False
+) -> TestRun:
     """Run pytest on ``paths`` in the working copy ``root`` (sandboxed: see ``test_runner.py``, with the witness's
     records); outcomes by node id."""
     channel = RecordChannel() if sandboxed else None
@@ -97,8 +100,16 @@ def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), 
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
     start = time.monotonic()
     try:
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=env,
-                                input=channel.nonce + "\n" if channel else None, pass_fds=(channel.fd,) if channel else ())
+        result = subprocess.run(
+            command,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            input=channel.nonce + "\n" if channel else None,
+            pass_fds=(channel.fd,) if channel else (),
+        )
     except subprocess.TimeoutExpired as exc:
         output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return TestRun(frozenset(), frozenset(), time.monotonic() - start, output, timed_out=True)
@@ -111,9 +122,14 @@ def run_tests(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), 
         match = SUMMARY_LINE.match(line)
         if match:
             outcomes[match.group(1)].add(match.group(2))
-    return TestRun(frozenset(outcomes["PASSED"]), frozenset(outcomes["FAILED"] | outcomes["ERROR"]), time.monotonic() - start,
-                   result.stdout + result.stderr, errored=frozenset(outcomes["ERROR"]),
-                   witnessed=witnessed(*records) if records else None)
+    return TestRun(
+        frozenset(outcomes["PASSED"]),
+        frozenset(outcomes["FAILED"] | outcomes["ERROR"]),
+        time.monotonic() - start,
+        result.stdout + result.stderr,
+        errored=frozenset(outcomes["ERROR"]),
+        witnessed=witnessed(*records) if records else None,
+    )
 
 
 def failure_report(output: str, test_id: str) -> tuple[str | None, list[str]]:
@@ -152,7 +168,12 @@ def issue_text(package: Package, statement: str | None, errors: list[str], fail_
     if statement:
         lines.append(f"\nRunning\n\n    {statement}\n")
     if errors:
-        lines.append(("fails with" if statement else "A check fails with") + "\n\n" + "\n".join(f"    {line}" for line in errors[:6]) + "\n")
+        lines.append(
+            ("fails with" if statement else "A check fails with")
+            + "\n\n"
+            + "\n".join(f"    {line}" for line in errors[:6])
+            + "\n"
+        )
     if statement and statement.startswith("assert"):
         lines.append("The assertion states the behaviour that is expected.")
     if fail_count > 1:
@@ -162,18 +183,26 @@ def issue_text(package: Package, statement: str | None, errors: list[str], fail_
 
 def gold_patch(path: str, mutant: str, original: str) -> str:
     """The unified diff (``a/`` and ``b/`` prefixes, as ``git diff``) that turns the mutant back into the original."""
-    diff = difflib.unified_diff(mutant.splitlines(keepends=True), original.splitlines(keepends=True), f"a/{path}", f"b/{path}")
+    diff = difflib.unified_diff(
+        mutant.splitlines(keepends=True), original.splitlines(keepends=True), f"a/{path}", f"b/{path}"
+    )
     return "".join(diff)
 
 
 def candidate_bugs(package: Package, root: Path, seed: int) -> list[tuple[str, Mutation]]:
     """Every (source file, mutation) of the package, in a seeded order."""
-    found = [(path, mutation) for path in package.sources for mutation in mutations((root / path).read_text(encoding="utf-8"))]
+    found = [
+        (path, mutation)
+        for path in package.sources
+        for mutation in mutations((root / path).read_text(encoding="utf-8"))
+    ]
     random.Random(f"{package.name}:{seed}").shuffle(found)
     return found
 
 
-def validate(package: Package, root: Path, path: str, mutation: Mutation, baseline: TestRun, timeout_s: float) -> dict | None:
+def validate(
+    package: Package, root: Path, path: str, mutation: Mutation, baseline: TestRun, timeout_s: float
+) -> dict | None:
     """The SWE-bench-style instance of one candidate bug, or None when the tests do not make it a task."""
     source_file = root / path
     original = source_file.read_text(encoding="utf-8")
@@ -195,21 +224,38 @@ def validate(package: Package, root: Path, path: str, mutation: Mutation, baseli
         "test_patch": "",
         "FAIL_TO_PASS": fail_to_pass,
         "PASS_TO_PASS": pass_to_pass,
-        "mutation": {"file": path, "kind": mutation.kind, "function": mutation.function, "line": mutation.line,
-                     "start": mutation.start, "end": mutation.end, "original": mutation.original, "replacement": mutation.replacement},
+        "mutation": {
+            "file": path,
+            "kind": mutation.kind,
+            "function": mutation.function,
+            "line": mutation.line,
+            "start": mutation.start,
+            "end": mutation.end,
+            "original": mutation.original,
+            "replacement": mutation.replacement,
+        },
         "test_seconds": round(run.seconds, 2),
     }
 
 
-def build_tasks(package: Package, root: Path, digest: str, count: int, seed: int = 0, max_tries: int | None = None,
-                timeout_s: float = 60) -> list[dict]:
+def build_tasks(
+    package: Package,
+    root: Path,
+    digest: str,
+    count: int,
+    seed: int = 0,
+    max_tries: int | None = None,
+    timeout_s: float = 60,
+) -> list[dict]:
     """Up to ``count`` validated tasks of ``package`` unpacked at ``root``, trying its candidate bugs in a seeded order.
 
     At most one task per function, so that tasks differ in where the bug is.
     """
     baseline = run_tests(root, package.tests, package.pytest_args, timeout_s)
     if baseline.timed_out or not baseline.passed:
-        raise RuntimeError(f"{package.name} {package.version}: its tests {list(package.tests)} do not pass on the original source")
+        raise RuntimeError(
+            f"{package.name} {package.version}: its tests {list(package.tests)} do not pass on the original source"
+        )
     tasks, used = [], set()
     candidates = candidate_bugs(package, root, seed)
     for tries, (path, mutation) in enumerate(candidates):
@@ -238,7 +284,9 @@ def build_all(per_package: int = 17, seed: int = 0) -> Path:
             root = unpack(package, Path(scratch))
             built = build_tasks(package, root, sdist_digest(package), per_package, seed, max_tries=per_package * 4)
             tasks += [{**task, "split": split_of(task["instance_id"])} for task in built]
-            print(f"{package.name} {package.version}: {len(built)} tasks in {time.monotonic() - start:.0f} s", flush=True)
+            print(
+                f"{package.name} {package.version}: {len(built)} tasks in {time.monotonic() - start:.0f} s", flush=True
+            )
     path = cache_dir() / "tasks.jsonl"
     scratch_path = path.with_suffix(".tmp")
     scratch_path.write_text("".join(json.dumps(task) + "\n" for task in tasks), encoding="utf-8")

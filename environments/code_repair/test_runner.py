@@ -25,11 +25,11 @@ import os
 import secrets
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from environments.synthetic.sandbox import NAMESPACES, NOBODY, bubblewrap_problem, system_binds
 from environments.errors import TraceRayError
+from environments.synthetic.sandbox import NAMESPACES, NOBODY, bubblewrap_problem, system_binds
 
 REPO = "/repo"  # the working copy inside the sandbox
 RUNNER = "/sandbox/runner.py"  # sandbox_runner.py inside the sandbox, read-only
@@ -47,18 +47,67 @@ def sandbox_command(root: Path, record_fd: int, runner_args: Sequence[str]) -> l
     bubblewrap, writing its records to the inherited file descriptor ``record_fd``."""
     problem = bubblewrap_problem()
     if problem:
-        raise TraceRayError(f"env=code_repair runs the agent's edits only in the sandbox, and {problem}; run make install-sandbox")
+        raise TraceRayError(
+            f"env=code_repair runs the agent's edits only in the sandbox, and {problem}; run make install-sandbox"
+        )
     environment = os.path.realpath(sys.prefix)
-    binds = [] if any(environment.startswith(path + "/") for path in ("/usr",)) else ["--ro-bind", environment, environment]
+    binds = (
+        [] if any(environment.startswith(path + "/") for path in ("/usr",)) else ["--ro-bind", environment, environment]
+    )
     return [
-        "bwrap", *NAMESPACES, "--uid", NOBODY, "--gid", NOBODY, "--hostname", "sandbox",
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-        "--tmpfs", "/tmp",  # first: an environment installed under /tmp is bound over it, not hidden by it
-        *system_binds(), *binds, "--ro-bind", str(Path(__file__).with_name("sandbox_runner.py")), RUNNER,
-        "--bind", str(root), REPO, "--dev", "/dev", "--remount-ro", "/", "--chdir", REPO,
-        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
-        "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "PYTHONIOENCODING", "utf-8",
-        sys.executable, RUNNER, json.dumps(LIMITS), str(record_fd), *runner_args,  # the venv's own interpreter: it has pytest
+        "bwrap",
+        *NAMESPACES,
+        "--uid",
+        NOBODY,
+        "--gid",
+        NOBODY,
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--tmpfs",
+        "/tmp",  # first: an environment installed under /tmp is bound over it, not hidden by it
+        *system_binds(),
+        *binds,
+        "--ro-bind",
+        str(Path(__file__).with_name("sandbox_runner.py")),
+        RUNNER,
+        "--bind",
+        str(root),
+        REPO,
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        REPO,
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "TMPDIR",
+        "/tmp",
+        "--setenv",
+        "PYTHONHASHSEED",
+        "0",
+        "--setenv",
+        "PYTHONDONTWRITEBYTECODE",
+        "1",
+        "--setenv",
+        "PYTHONIOENCODING",
+        "utf-8",
+        # the venv's own interpreter: it has pytest
+        sys.executable,
+        RUNNER,
+        json.dumps(LIMITS),
+        str(record_fd),
+        *runner_args,
     ]
 
 
@@ -67,11 +116,15 @@ def require_started(records: list[dict], stderr: str) -> None:
     missing): bubblewrap failed, and grading the run would score every test as not passed."""
     if not any(record.get("started") for record in records):
         cause = stderr.strip().splitlines()[0] if stderr.strip() else "no output"
-        raise TraceRayError(f"the code_repair test sandbox did not start ({cause}); bubblewrap must be able to run "
-                            f"{sys.executable} and read its environment: run make install-sandbox")
+        raise TraceRayError(
+            f"the code_repair test sandbox did not start ({cause}); bubblewrap must be able to run "
+            f"{sys.executable} and read its environment: run make install-sandbox"
+        )
 
 
-def pytest_command(root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), record_fd: int | None = None) -> tuple[list[str], Path]:
+def pytest_command(
+    root: Path, paths: Sequence[str], extra_args: Sequence[str] = (), record_fd: int | None = None
+) -> tuple[list[str], Path]:
     """(argv, working directory) of a pytest run over ``paths`` in the working copy ``root``: sandboxed and watched by
     the witness when ``record_fd`` is given, else a plain run (code nobody edited)."""
     arguments = pytest_arguments(paths, extra_args)

@@ -90,7 +90,11 @@ def _replay(oracle: list[dict[str, Any]], milestones: list[Milestone], tools: De
                 step.result = functions[step.tool](**step.arguments)
             except ToolError as exc:
                 step.error = str(exc)
-            satisfied = [milestone for milestone in milestones if milestone.holds(tools.state, EpisodeLog()) and milestone.name not in holding]
+            satisfied = [
+                milestone
+                for milestone in milestones
+                if milestone.holds(tools.state, EpisodeLog()) and milestone.name not in holding
+            ]
             step.words = sorted({word for milestone in satisfied for word in getattr(milestone.holds, "words", ())})
             holding |= {milestone.name for milestone in satisfied}
             steps.append(step)
@@ -117,7 +121,8 @@ def device_capability_evidence(seed: int) -> dict[str, Any]:
                 prechecks.setdefault(step.tool, set()).update(checked)
                 checked = set()
             if step.error is None and step.key not in actions:
-                actions[step.key] = {**step.action(), "requested": not refused - {step.key}}  # else it fixes a refused call
+                # else it fixes a refused call
+                actions[step.key] = {**step.action(), "requested": not refused - {step.key}}
         if step.error is None:
             refused.discard(step.key)
     reports = [milestone.name for milestone in scenario.milestones if reports_facts(milestone.holds)]

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MONTHS = (
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 )
 
 
@@ -16,8 +26,8 @@ def to_timestamp(moment: datetime) -> int:
     return int((moment - EPOCH).total_seconds())
 
 
-MIN_TIMESTAMP = to_timestamp(datetime(1, 1, 1, tzinfo=timezone.utc))
-MAX_TIMESTAMP = to_timestamp(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc))
+MIN_TIMESTAMP = to_timestamp(datetime(1, 1, 1, tzinfo=UTC))
+MAX_TIMESTAMP = to_timestamp(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC))
 
 
 def to_datetime(timestamp: int) -> datetime:
@@ -28,7 +38,7 @@ def to_datetime(timestamp: int) -> datetime:
 
 
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
-    return datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def clock_text(moment: datetime) -> str:

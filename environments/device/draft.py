@@ -13,7 +13,14 @@ from environments.device.milestones import Collateral, Milestone, Oracle, Predic
 from environments.device.phone_numbers import canonical_phone
 from environments.device.state import Contact, DeviceState, Reminder, Settings, TextMessage
 from environments.device.tools import DeviceTools
-from environments.device.vocabulary import AREA_CODES, CHAT_MESSAGES, COMMON_RELATIONSHIPS, FIRST_NAMES, LAST_NAMES, TASKS
+from environments.device.vocabulary import (
+    AREA_CODES,
+    CHAT_MESSAGES,
+    COMMON_RELATIONSHIPS,
+    FIRST_NAMES,
+    LAST_NAMES,
+    TASKS,
+)
 from environments.protocol import Message
 from environments.tool_environment import ToolError
 
@@ -25,7 +32,14 @@ def random_now(rng: random.Random) -> int:
     if rng.random() < 0.5:
         year, month = rng.randint(2025, 2028), rng.randint(1, 12)
         year, month, day = rng.choice(
-            [(2026, 12, 31), (2027, 12, 31), (2028, 2, 28), (2028, 2, 29), (2027, 2, 28), (year, month, calendar.monthrange(year, month)[1])]
+            [
+                (2026, 12, 31),
+                (2027, 12, 31),
+                (2028, 2, 28),
+                (2028, 2, 29),
+                (2027, 2, 28),
+                (year, month, calendar.monthrange(year, month)[1]),
+            ]
         )
         hour = rng.randint(19, 23)
     else:
@@ -48,7 +62,9 @@ class Draft:
 
     def __init__(self, rng: random.Random):
         self.rng = rng
-        self.state = DeviceState(now=random_now(rng), settings=Settings(wifi=rng.random() < 0.8, location_service=rng.random() < 0.6))
+        self.state = DeviceState(
+            now=random_now(rng), settings=Settings(wifi=rng.random() < 0.8, location_service=rng.random() < 0.6)
+        )
         self.milestones: list[Milestone] = []
         self.minefields: list[Milestone] = []
         self.oracle: list[Message] = []
@@ -111,7 +127,9 @@ class Draft:
         return contact
 
     def add_message(self, sender: Contact, recipient: Contact, content: str, creation_timestamp: int) -> TextMessage:
-        message = TextMessage(self.state.new_id("m"), sender.phone_number, recipient.phone_number, content, creation_timestamp)
+        message = TextMessage(
+            self.state.new_id("m"), sender.phone_number, recipient.phone_number, content, creation_timestamp
+        )
         self.state.messages.append(message)
         return message
 
@@ -151,10 +169,16 @@ class Draft:
             self.broken_turns[turn] = instead
 
     def finish(self) -> None:
-        """Judge the milestones against the finished oracle, and add the minefield of changes the task does not ask for."""
+        """Judge the milestones against the finished oracle, and add the minefield of changes the task does not ask
+        for."""
         oracle = Oracle.of(self.oracle)
-        self.milestones = [Milestone(milestone.name, bind_to_oracle(milestone.holds, oracle), milestone.weight) for milestone in self.milestones]
-        self.minefield("changed what the task did not ask for", Collateral(self.state.copy(), self.oracle_final_state()))
+        self.milestones = [
+            Milestone(milestone.name, bind_to_oracle(milestone.holds, oracle), milestone.weight)
+            for milestone in self.milestones
+        ]
+        self.minefield(
+            "changed what the task did not ask for", Collateral(self.state.copy(), self.oracle_final_state())
+        )
 
     def oracle_final_state(self) -> DeviceState:
         """The state the oracle's tool calls leave (the calls the phone refuses change nothing)."""

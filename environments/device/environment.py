@@ -15,7 +15,8 @@ from environments.tool_environment import Tool, ToolEnvironment
 
 POLICY = (
     "You are a phone assistant. Use the tools to do what the user asks, then reply to the user in plain text; "
-    "that reply ends the conversation unless it asks the user a question. All times are UTC; timestamps are in seconds. "
+    "that reply ends the conversation unless it asks the user a question. All times are UTC; timestamps are in "
+    "seconds. "
     "'Next <weekday>' means the first such day after today. If a request is ambiguous, ask the user. "
     "Tell the user about any other setting you had to change."
 )
@@ -25,7 +26,11 @@ class DeviceEnvironment(ToolEnvironment):
     name = "device"
 
     def __init__(
-        self, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0, analysis_size: int = 64,
+        self,
+        max_turns: int = 50,
+        max_tool_calls_per_turn: int = 8,
+        success_threshold: float = 1.0,
+        analysis_size: int = 64,
         eval_size: int = 64,
     ):
         super().__init__(max_turns=max_turns, max_tool_calls_per_turn=max_tool_calls_per_turn)
@@ -70,7 +75,12 @@ class DeviceEnvironment(ToolEnvironment):
 
     def score(self) -> tuple[float, dict[str, Any]]:
         return score_episode(
-            self.scenario.milestones, self.scenario.minefields, self.state, self.log, self.success_threshold, self.scenario.family
+            self.scenario.milestones,
+            self.scenario.minefields,
+            self.state,
+            self.log,
+            self.success_threshold,
+            self.scenario.family,
         )
 
     def task_fingerprint(self) -> str:
@@ -100,7 +110,11 @@ class DeviceEnvironment(ToolEnvironment):
 
         (An argument-free example made it copy empty or placeholder arguments.)
         """
-        call = {"id": "call_example", "type": "function", "function": {"name": "set_wifi_status", "arguments": '{"on": false}'}}
+        call = {
+            "id": "call_example",
+            "type": "function",
+            "function": {"name": "set_wifi_status", "arguments": '{"on": false}'},
+        }
         return [
             {"role": "user", "content": "Turn off wifi."},
             {"role": "assistant", "content": None, "tool_calls": [call]},

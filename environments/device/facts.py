@@ -12,9 +12,9 @@ every contact's number) does not report the asked one.
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Hashable
 
 from environments.device.clock import MONTHS, WEEKDAYS
 from environments.device.phone_numbers import national_digits, same_phone
@@ -75,7 +75,11 @@ class TextFact:
         return any(mentions(text, phrasing) for phrasing in self.phrasings)
 
     def stated(self, text: str) -> set[Hashable]:
-        return {normalise(group[0]) for group in (self.phrasings, *self.rivals) if any(mentions(text, phrasing) for phrasing in group)}
+        return {
+            normalise(group[0])
+            for group in (self.phrasings, *self.rivals)
+            if any(mentions(text, phrasing) for phrasing in group)
+        }
 
 
 def rival_text_fact(phrasings: tuple[str, ...], kind: str, values: tuple[str, ...]) -> TextFact:
@@ -118,8 +122,13 @@ class DateFact:
     def found_in(self, text: str) -> bool:
         month, day = MONTHS[self.month - 1], self.day
         phrasings = (
-            f"{month} {day}", f"{month} {_ordinal(day)}", f"{day} {month}", f"{_ordinal(day)} {month}",
-            f"{_ordinal(day)} of {month}", f"{month[:3]} {day}", f"{self.year}-{self.month:02d}-{day:02d}",
+            f"{month} {day}",
+            f"{month} {_ordinal(day)}",
+            f"{day} {month}",
+            f"{_ordinal(day)} {month}",
+            f"{_ordinal(day)} of {month}",
+            f"{month[:3]} {day}",
+            f"{self.year}-{self.month:02d}-{day:02d}",
         )
         return any(mentions(text, phrasing) for phrasing in phrasings)
 
@@ -145,7 +154,8 @@ def _hour24(hour: int, half: str) -> int:
 
 @dataclass(frozen=True)
 class TimeFact:
-    """A clock time: 12-hour (``5:00 pm``, ``5 pm``), 24-hour (``17:00``), noon, midnight; every time a text names is stated."""
+    """A clock time: 12-hour (``5:00 pm``, ``5 pm``), 24-hour (``17:00``), noon, midnight; every time a text names is
+    stated."""
 
     hour: int
     minute: int

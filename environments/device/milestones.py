@@ -16,8 +16,9 @@ task asks for. A scenario binds them once it is built (:func:`bind_to_oracle`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from environments.device.clock import to_datetime
 from environments.device.facts import Fact, mentions_all, states_only_allowed
@@ -38,7 +39,8 @@ class Milestone:
 
 @dataclass(frozen=True)
 class Oracle:
-    """What a predicate may be judged against: the oracle's replies (joined) and its tool calls (name, JSON arguments)."""
+    """What a predicate may be judged against: the oracle's replies (joined) and its tool calls (name, JSON
+    arguments)."""
 
     replies: str
     calls: tuple[tuple[str, str], ...]
@@ -47,13 +49,16 @@ class Oracle:
     def of(cls, messages: list[Message]) -> Oracle:
         replies = "\n".join(message["content"] for message in messages if message.get("content"))
         calls = tuple(
-            (call["function"]["name"], call["function"]["arguments"]) for message in messages for call in message.get("tool_calls") or []
+            (call["function"]["name"], call["function"]["arguments"])
+            for message in messages
+            for call in message.get("tool_calls") or []
         )
         return cls(replies, calls)
 
 
 def bind_to_oracle(predicate: Predicate, oracle: Oracle) -> Predicate:
-    """``predicate`` judged against ``oracle`` where it needs one (see :class:`Reported`, :class:`LookedUp`, :class:`All`)."""
+    """``predicate`` judged against ``oracle`` where it needs one (see :class:`Reported`, :class:`LookedUp`,
+    :class:`All`)."""
     bind = getattr(predicate, "bound_to", None)
     return bind(oracle) if bind is not None else predicate
 
@@ -149,25 +154,33 @@ def _card(contact: Contact) -> tuple[str, str, str]:
 def collateral_changes(initial: DeviceState, expected: DeviceState, final: DeviceState) -> list[str]:
     """What ``final`` changed of ``initial`` that ``expected`` leaves unchanged (see :class:`Collateral`)."""
     changes = [
-        f"setting {name}" for name in SETTINGS
-        if getattr(final.settings, name) != getattr(initial.settings, name) and getattr(expected.settings, name) == getattr(initial.settings, name)
+        f"setting {name}"
+        for name in SETTINGS
+        if getattr(final.settings, name) != getattr(initial.settings, name)
+        and getattr(expected.settings, name) == getattr(initial.settings, name)
     ]
     before = {contact.person_id: _card(contact) for contact in initial.contacts}
     kept = {contact.person_id: _card(contact) for contact in expected.contacts}
     now = {contact.person_id: _card(contact) for contact in final.contacts}
-    changes += [f"contact {person}" for person, card in before.items() if now.get(person) != card and kept.get(person) == card]
+    changes += [
+        f"contact {person}" for person, card in before.items() if now.get(person) != card and kept.get(person) == card
+    ]
     if len(set(now) - set(before)) > len(set(kept) - set(before)):
         changes.append("new contacts")
     old_messages = {message.message_id for message in initial.messages}
     texted = [message.recipient_phone_number for message in expected.messages if message.message_id not in old_messages]
     changes += [
-        f"message to {message.recipient_phone_number}" for message in final.messages
-        if message.message_id not in old_messages and not any(same_phone(message.recipient_phone_number, number) for number in texted)
+        f"message to {message.recipient_phone_number}"
+        for message in final.messages
+        if message.message_id not in old_messages
+        and not any(same_phone(message.recipient_phone_number, number) for number in texted)
     ]
     old_reminders = {reminder.reminder_id for reminder in initial.reminders}
     expected_reminders = {reminder.reminder_id for reminder in expected.reminders}
     final_reminders = {reminder.reminder_id for reminder in final.reminders}
-    changes += [f"reminder {reminder} removed" for reminder in sorted((old_reminders & expected_reminders) - final_reminders)]
+    changes += [
+        f"reminder {reminder} removed" for reminder in sorted((old_reminders & expected_reminders) - final_reminders)
+    ]
     if len(final_reminders - old_reminders) > len(expected_reminders - old_reminders):
         changes.append("new reminders")
     return changes
@@ -175,7 +188,8 @@ def collateral_changes(initial: DeviceState, expected: DeviceState, final: Devic
 
 # -- read predicates ------------------------------------------------------------------------
 def _same_argument(key: str, given: Any, expected: Any) -> bool:
-    """Equal values; strings ignoring case (phone numbers by digits); a timestamp to read anywhere in the same UTC day."""
+    """Equal values; strings ignoring case (phone numbers by digits); a timestamp to read anywhere in the same UTC
+    day."""
     if isinstance(given, str) and isinstance(expected, str):
         return given.strip().casefold() == expected.strip().casefold() or same_phone(given, expected)
     if key == "timestamp" and isinstance(given, int) and isinstance(expected, int) and not isinstance(given, bool):
@@ -187,7 +201,9 @@ def _same_argument(key: str, given: Any, expected: Any) -> bool:
 
 
 def _has_arguments(given: dict[str, Any] | None, expected: dict[str, Any]) -> bool:
-    return given is not None and all(key in given and _same_argument(key, given[key], value) for key, value in expected.items())
+    return given is not None and all(
+        key in given and _same_argument(key, given[key], value) for key, value in expected.items()
+    )
 
 
 @dataclass(frozen=True)
@@ -211,8 +227,10 @@ class LookedUp:
         calls = [call for call in log.tool_calls if call.ok and call.name == self.tool and call.arguments]
         allowed = [self.arguments, *(json.loads(arguments) for arguments in self.oracle_arguments)]
         strays = [
-            call for call in calls
-            if call.result.strip() not in ("[]", "") and not any(_has_arguments(call.arguments, expected) for expected in allowed)
+            call
+            for call in calls
+            if call.result.strip() not in ("[]", "")
+            and not any(_has_arguments(call.arguments, expected) for expected in allowed)
         ]
         return any(_has_arguments(call.arguments, self.arguments) for call in calls) and not strays
 
@@ -225,7 +243,8 @@ class SentToOther:
 
     def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
         return any(
-            call.ok and call.name == "send_message_with_phone_number"
+            call.ok
+            and call.name == "send_message_with_phone_number"
             and not same_phone(call.arguments["phone_number"], self.phone_number)
             for call in log.tool_calls
         )
@@ -235,7 +254,8 @@ class SentToOther:
 @dataclass(frozen=True)
 class Asked:
     """Before the first successful ``before_tool`` call (None: any time) and before its last reply, the agent asked the
-    user a question (a reply with '?') naming at least two of the ``candidates`` and no value of their kind outside them.
+    user a question (a reply with '?') naming at least two of the ``candidates`` and no value of their kind outside
+    them.
     """
 
     candidates: tuple[Fact, ...]
@@ -243,11 +263,15 @@ class Asked:
 
     def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
         called = {call.turn for call in log.tool_calls}
-        reply_turns = [turn for turn in range(1, log.turns + 1) if turn not in called]  # one reply per turn without calls
-        acted = min((call.turn for call in log.tool_calls if call.ok and call.name == self.before_tool), default=log.turns + 1)
+        # one reply per turn without calls
+        reply_turns = [turn for turn in range(1, log.turns + 1) if turn not in called]
+        acted = min(
+            (call.turn for call in log.tool_calls if call.ok and call.name == self.before_tool), default=log.turns + 1
+        )
         allowed = {candidate.value for candidate in self.candidates}
         return any(
-            "?" in reply and turn < acted
+            "?" in reply
+            and turn < acted
             and sum(candidate.found_in(reply) for candidate in self.candidates) >= 2
             and all(candidate.stated(reply) <= allowed for candidate in self.candidates)
             for turn, reply in zip(reply_turns[:-1], log.replies[:-1])
@@ -284,7 +308,9 @@ class All:
 
 def reports_facts(predicate: Predicate) -> bool:
     """Whether the predicate is (or includes) a report to the user."""
-    return isinstance(predicate, Reported) or (isinstance(predicate, All) and any(map(reports_facts, predicate.predicates)))
+    return isinstance(predicate, Reported) or (
+        isinstance(predicate, All) and any(map(reports_facts, predicate.predicates))
+    )
 
 
 # -- the score ---------------------------------------------------------------------------

@@ -10,26 +10,48 @@ assistant messages that score exactly 1.0).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from environments.device.clock import MONTHS, WEEKDAYS, clock_text, date_text, to_datetime, to_timestamp, utc
 from environments.device.draft import DAY, Draft
 from environments.device.facts import PhoneFact, TextFact, date_fact, rival_text_fact, time_fact, weekday_fact
 from environments.device.milestones import (
-    All, Asked, ContactSaved, LookedUp, Milestone, MessageSent, ReminderGone, ReminderSet, Reported, SentToOther, SettingIs,
+    All,
+    Asked,
+    ContactSaved,
+    LookedUp,
+    MessageSent,
+    Milestone,
+    ReminderGone,
+    ReminderSet,
+    Reported,
+    SentToOther,
+    SettingIs,
 )
 from environments.device.phone_numbers import national_digits
 from environments.device.state import SETTINGS, Contact, DeviceState
 from environments.device.vocabulary import (
-    CHAT_MESSAGES, CLOSE_RELATIONSHIPS, COMMON_RELATIONSHIPS, FIRST_NAMES, LAST_NAMES, OUTGOING_MESSAGES, SETTING_NAMES,
-    TASKS, TEMPLATE_CHAT_MESSAGES,
+    CHAT_MESSAGES,
+    CLOSE_RELATIONSHIPS,
+    COMMON_RELATIONSHIPS,
+    FIRST_NAMES,
+    LAST_NAMES,
+    OUTGOING_MESSAGES,
+    SETTING_NAMES,
+    TASKS,
+    TEMPLATE_CHAT_MESSAGES,
 )
 from environments.protocol import Message
 
 FAMILIES = (
-    "simple_settings", "blocked_settings", "message_contact", "relative_reminder",
-    "compound_request", "lookup_report", "ambiguous_contact",
+    "simple_settings",
+    "blocked_settings",
+    "message_contact",
+    "relative_reminder",
+    "compound_request",
+    "lookup_report",
+    "ambiguous_contact",
 )
 BENCHMARK_SEEDS = tuple(range(128))
 SPLIT_SEEDS = {"analysis": BENCHMARK_SEEDS[:64], "eval": BENCHMARK_SEEDS[64:]}
@@ -62,7 +84,8 @@ class Scenario:
     oracle: list[Message]
     clarification: str | None = None
     capability_turns: tuple[int, ...] = ()  # oracle turns of a synthetic environment's capability step
-    broken_turns: dict[int, Message] = field(default_factory=dict)  # capability turns' wrong messages, where not corrupted
+    # capability turns' wrong messages, where not corrupted
+    broken_turns: dict[int, Message] = field(default_factory=dict)
 
 
 def make_scenario(seed: int) -> Scenario:
@@ -70,7 +93,9 @@ def make_scenario(seed: int) -> Scenario:
     draft = Draft(random.Random(seed))
     request = _FAMILIES[family](draft)
     draft.finish()
-    return Scenario(seed, family, request, draft.state, draft.milestones, draft.minefields, draft.oracle, draft.clarification)
+    return Scenario(
+        seed, family, request, draft.state, draft.milestones, draft.minefields, draft.oracle, draft.clarification
+    )
 
 
 # -- wording ------------------------------------------------------------------------------
@@ -142,7 +167,11 @@ def name_fact(contact: Contact) -> TextFact:
 def candidate_facts(group: list[Contact], contacts: list[Contact]) -> tuple[TextFact, ...]:
     """Look-alike contacts a question must name (by full name or relationship); rivals: every other contact's name."""
     return tuple(
-        TextFact((contact.name, contact.relationship), "contact", tuple((other.name,) for other in contacts if other is not contact))
+        TextFact(
+            (contact.name, contact.relationship),
+            "contact",
+            tuple((other.name,) for other in contacts if other is not contact),
+        )
         for contact in group
     )
 
@@ -158,7 +187,8 @@ def set_setting(draft: Draft, setting: str, on: bool) -> tuple[str, str]:
 
 
 def send(draft: Draft, phone_number: str, content: str) -> str:
-    """The oracle's send. With cellular off it fails first, restores service and retries; returns a note for the user."""
+    """The oracle's send. With cellular off it fails first, restores service and retries; returns a note for the
+    user."""
     settings = draft.state.settings
     draft.call("send_message_with_phone_number", phone_number=phone_number, content=content)
     if settings.cellular_service:
@@ -247,13 +277,18 @@ def change_number(draft: Draft) -> tuple[str, str]:
     draft.milestone(f"{contact.name} has the new number", ContactSaved(contact.name, number), 2)
     draft.call("search_contacts", name=contact.name)
     draft.call("modify_contact", person_id=contact.person_id, phone_number=number)
-    return f"change {contact.name}'s number to {as_typed(draft.rng, number)}", f"{contact.name}'s number is now {number}."
+    return (
+        f"change {contact.name}'s number to {as_typed(draft.rng, number)}",
+        f"{contact.name}'s number is now {number}.",
+    )
 
 
 def delete_reminder(draft: Draft) -> tuple[str, str]:
     task, word = draft.take_task()
     others = [reminder.reminder_id for reminder in draft.state.reminders]
-    reminder = draft.add_reminder(task, draft.state.now + draft.rng.randint(1, 20) * DAY + draft.rng.randint(0, 95) * 900)
+    reminder = draft.add_reminder(
+        task, draft.state.now + draft.rng.randint(1, 20) * DAY + draft.rng.randint(0, 95) * 900
+    )
     draft.milestone(f"removed the reminder about {word}", ReminderGone(reminder.reminder_id), 2)
     for reminder_id in others:
         draft.minefield(f"removed reminder {reminder_id}", ReminderGone(reminder_id))
@@ -279,7 +314,9 @@ def _blocked_settings(draft: Draft) -> str:
     draft.milestone(f"{setting} on", SettingIs(setting, True), 2)
     draft.milestone(
         "told the user about low battery mode",
-        All((SettingIs("low_battery_mode", False), Reported((TextFact(("low battery", "low power", "battery saver")),)))),
+        All(
+            (SettingIs("low_battery_mode", False), Reported((TextFact(("low battery", "low power", "battery saver")),)))
+        ),
     )
     draft.call(f"set_{setting}_status", on=True)  # refused
     draft.call("set_low_battery_mode_status", on=False)
@@ -305,7 +342,13 @@ def _relative_reminder(draft: Draft) -> str:
     return sentence(request)
 
 
-_COMPOUND_SETTINGS = (("wifi", True), ("wifi", False), ("location_service", True), ("location_service", False), ("low_battery_mode", True))
+_COMPOUND_SETTINGS = (
+    ("wifi", True),
+    ("wifi", False),
+    ("location_service", True),
+    ("location_service", False),
+    ("low_battery_mode", True),
+)
 _COMPOUND_PARTS: dict[str, Callable[[Draft], tuple[str, str]]] = {
     "setting": lambda draft: set_setting(draft, *draft.rng.choice(_COMPOUND_SETTINGS)),
     "message": lambda draft: text_contact(draft, draft.add_contact(draft.rng.choice(CLOSE_RELATIONSHIPS))),
@@ -357,7 +400,9 @@ def _lookup_last_sender(draft: Draft) -> str:
     text = draft.take_chat()[0]
     draft.add_message(contact, owner, text, draft.past_time(3000, 600))
     draft.add_message(owner, draft.state.contacts[1], draft.take_chat()[0], draft.past_time(500, 60))
-    draft.milestone("searched the messages", LookedUp("search_messages", {"recipient_phone_number": owner.phone_number}))
+    draft.milestone(
+        "searched the messages", LookedUp("search_messages", {"recipient_phone_number": owner.phone_number})
+    )
     draft.milestone("reported the sender", Reported((name_fact(contact),)), 2)
     draft.call("search_contacts", relationship="self")
     draft.call("search_messages", recipient_phone_number=owner.phone_number)
@@ -382,7 +427,10 @@ def _lookup_reminder_time(draft: Draft) -> str:
 def _lookup_weekday_of_date(draft: Draft) -> str:
     day = to_datetime(draft.state.now + draft.rng.randint(-400, 400) * DAY)
     spoken = f"{MONTHS[day.month - 1]} {day.day}, {day.year}"
-    draft.milestone("converted the date", LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(utc(day.year, day.month, day.day))}))
+    draft.milestone(
+        "converted the date",
+        LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(utc(day.year, day.month, day.day))}),
+    )
     draft.milestone("reported the weekday", Reported((weekday_fact(day),)), 2)
     draft.call("datetime_info_to_timestamp", year=day.year, month=day.month, day=day.day)
     draft.call("timestamp_to_datetime_info", timestamp=to_timestamp(utc(day.year, day.month, day.day)))
@@ -403,8 +451,12 @@ def _lookup_weekday_in_days(draft: Draft) -> str:
 
 
 _LOOKUPS = (
-    _lookup_phone_number, _lookup_latest_message, _lookup_last_sender,
-    _lookup_reminder_time, _lookup_weekday_of_date, _lookup_weekday_in_days,
+    _lookup_phone_number,
+    _lookup_latest_message,
+    _lookup_last_sender,
+    _lookup_reminder_time,
+    _lookup_weekday_of_date,
+    _lookup_weekday_in_days,
 )
 
 
@@ -415,7 +467,10 @@ def _lookup_report(draft: Draft) -> str:
 def _ambiguous_contact(draft: Draft) -> str:
     """Two contacts share a first name: search, ask which one, then text the one the user names."""
     first = draft.take_first_name()
-    pair = [draft.add_contact(relationship, first=first) for relationship in draft.rng.sample(COMMON_RELATIONSHIPS + CLOSE_RELATIONSHIPS, 2)]
+    pair = [
+        draft.add_contact(relationship, first=first)
+        for relationship in draft.rng.sample(COMMON_RELATIONSHIPS + CLOSE_RELATIONSHIPS, 2)
+    ]
     target = draft.rng.choice(pair)
     wording, content, words = outgoing_message(draft.rng)
     draft.clarification = draft.rng.choice([f"I mean {target.name}.", f"The one who's my {target.relationship}."])

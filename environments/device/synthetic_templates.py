@@ -17,34 +17,53 @@ deleting the wrong reminder, reporting a distractor) that zero the score.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
+from environments.capabilities import CAPABILITIES
 from environments.device.clock import MONTHS, WEEKDAYS, clock_text, date_text, to_datetime, to_timestamp, utc
 from environments.device.draft import DAY, Draft, call_message
 from environments.device.facts import PhoneFact, TextFact, date_fact, rival_text_fact, time_fact, weekday_fact
-from environments.device.milestones import All, Asked, ContactSaved, LookedUp, MessageSent, Predicate, ReminderGone, Reported, SettingIs
+from environments.device.milestones import (
+    All,
+    Asked,
+    ContactSaved,
+    LookedUp,
+    MessageSent,
+    Predicate,
+    ReminderGone,
+    Reported,
+    SettingIs,
+)
 from environments.device.phone_numbers import national_digits, same_phone
 from environments.device.scenarios import (
-    as_typed, candidate_facts, capital, change_number, contact_reference, delete_reminder, message_fact, outgoing_message, remind,
-    save_new_contact, sentence, set_setting, task_fact, text_contact,
+    as_typed,
+    candidate_facts,
+    capital,
+    change_number,
+    contact_reference,
+    delete_reminder,
+    message_fact,
+    outgoing_message,
+    remind,
+    save_new_contact,
+    sentence,
+    set_setting,
+    task_fact,
+    text_contact,
 )
 from environments.device.state import SETTINGS, DeviceState
+from environments.device.vocabulary import (
+    CLOSE_RELATIONSHIPS,
+    COMMON_RELATIONSHIPS,
+    SETTING_NAMES,
+    TEMPLATE_CHAT_MESSAGES,
+)
 from environments.protocol import Message
-from environments.device.vocabulary import CLOSE_RELATIONSHIPS, COMMON_RELATIONSHIPS, SETTING_NAMES, TEMPLATE_CHAT_MESSAGES
+from environments.synthetic.template import CapabilityTemplate
 from environments.tool_environment import EpisodeLog
-from environments.capabilities import CAPABILITIES
 
 DIFFICULTIES = (1, 2, 3, 4, 5)
-
-
-@dataclass(frozen=True)
-class DeviceTemplate:
-    capability: str
-    description: str
-    build: Callable[[Draft, int], str]  # (draft, difficulty) -> the user's request
-    difficulties: tuple[int, ...] = DIFFICULTIES
-    default_difficulty: int = 2
 
 
 # -- predicates the benchmark does not need ------------------------------------------------
@@ -66,7 +85,8 @@ class SentToNoneOf:
 
     def __call__(self, state: DeviceState, log: EpisodeLog) -> bool:
         return any(
-            call.ok and call.name == "send_message_with_phone_number"
+            call.ok
+            and call.name == "send_message_with_phone_number"
             and not any(same_phone(call.arguments["phone_number"], number) for number in self.phone_numbers)
             for call in log.tool_calls
         )
@@ -89,7 +109,9 @@ def _spoken_phone(draft: Draft, phone_number: str, unusual: bool) -> str:
     if not unusual:
         return as_typed(draft.rng, phone_number)
     d = national_digits(phone_number)
-    return draft.rng.choice([f"{d[:3]}.{d[3:6]}.{d[6:]}", f"+1 {d[:3]} {d[3:6]} {d[6:]}", f"1-{d[:3]}-{d[3:6]}-{d[6:]}", f"+1{d}"])
+    return draft.rng.choice(
+        [f"{d[:3]}.{d[3:6]}.{d[6:]}", f"+1 {d[:3]} {d[3:6]} {d[6:]}", f"1-{d[:3]}-{d[3:6]}-{d[6:]}", f"+1{d}"]
+    )
 
 
 def _month_day(timestamp: int) -> str:
@@ -122,10 +144,15 @@ def _permission_error_recovery(draft: Draft, difficulty: int) -> str:
 
     if settings.low_battery_mode:
         draft.milestone("low_battery_mode off", SettingIs("low_battery_mode", False))
-        draft.milestone("told the user about low battery mode", All((SettingIs("low_battery_mode", False), Reported((_LOW_BATTERY,)))))
+        draft.milestone(
+            "told the user about low battery mode",
+            All((SettingIs("low_battery_mode", False), Reported((_LOW_BATTERY,)))),
+        )
     if texts:
         draft.milestone("cellular_service on", SettingIs("cellular_service", True))
-        draft.milestone("told the user about cellular service", All((SettingIs("cellular_service", True), Reported((_CELLULAR,)))))
+        draft.milestone(
+            "told the user about cellular service", All((SettingIs("cellular_service", True), Reported((_CELLULAR,))))
+        )
         draft.minefield("texted someone else", SentToNoneOf(tuple(contact.phone_number for contact in recipients)))
 
     if setting is not None:
@@ -137,7 +164,9 @@ def _permission_error_recovery(draft: Draft, difficulty: int) -> str:
         draft.mark_capability_step()
         draft.call(f"set_{setting}_status", on=True)
         requests.append(draft.rng.choice([f"turn on {name}", f"switch {name} on", f"get {name} working"]))
-        replies.append(f"{capital(name)} is on now; I had to turn off low battery mode first because it was blocking {name}.")
+        replies.append(
+            f"{capital(name)} is on now; I had to turn off low battery mode first because it was blocking {name}."
+        )
 
     for index, contact in enumerate(recipients):
         reference, search = contact_reference(draft, contact)
@@ -157,7 +186,11 @@ def _permission_error_recovery(draft: Draft, difficulty: int) -> str:
         requests.append(f"text {reference} {wording}")
         replies.append(f'I texted {contact.name}: "{content}"')
     if texts:
-        fix = "turned off low battery mode and turned on cellular service" if settings.low_battery_mode and setting is None else "turned on cellular service"
+        fix = (
+            "turned off low battery mode and turned on cellular service"
+            if settings.low_battery_mode and setting is None
+            else "turned on cellular service"
+        )
         replies.append(f"Cellular service was off, so I {fix} to send {'them' if texts > 1 else 'it'}.")
     draft.say(" ".join(replies))
     return sentence(*requests)
@@ -241,7 +274,9 @@ def _new_number(draft: Draft, difficulty: int) -> tuple[str, str]:
 def _settings(draft: Draft, count: int) -> list[tuple[str, bool]]:
     """``count`` distinct settings with target values; low battery mode goes first when turned off, last when on."""
     chosen = [(setting, draft.rng.random() < 0.5) for setting in draft.rng.sample(SETTINGS, count)]
-    return sorted(chosen, key=lambda pair: 0 if pair == ("low_battery_mode", False) else 2 if pair[0] == "low_battery_mode" else 1)
+    return sorted(
+        chosen, key=lambda pair: 0 if pair == ("low_battery_mode", False) else 2 if pair[0] == "low_battery_mode" else 1
+    )
 
 
 def _tool_calling_precision(draft: Draft, difficulty: int) -> str:
@@ -251,7 +286,8 @@ def _tool_calling_precision(draft: Draft, difficulty: int) -> str:
     models can reach). 1: save a new contact (name, typed number,
     relationship) or, half the time, text a contact (the number the contact
     search returns is the send's argument: a dependent step, as in the
-    target's message and compound requests). 2: the same and one setting. 3: change a number, save a contact, one setting. 4: those and two
+    target's message and compound requests). 2: the same and one setting. 3: change a number, save a contact, one
+    setting. 4: those and two
     settings, with a look-alike contact (same first name) whose number must not
     change. 5: three settings, a look-alike for both contacts, and numbers typed
     with dots or a country code. Marked: every state-changing call.
@@ -275,7 +311,13 @@ def _tool_calling_precision(draft: Draft, difficulty: int) -> str:
 
 
 # -- 4. multi_step_task_completion ---------------------------------------------------------------
-_MULTI_SETTINGS = (("wifi", True), ("wifi", False), ("location_service", True), ("location_service", False), ("low_battery_mode", True))
+_MULTI_SETTINGS = (
+    ("wifi", True),
+    ("wifi", False),
+    ("location_service", True),
+    ("location_service", False),
+    ("low_battery_mode", True),
+)
 _MULTI_PARTS: dict[str, Callable[[Draft], tuple[str, str]]] = {
     "message": lambda draft: text_contact(draft, draft.add_contact(_unused_close_relationships(draft, 1)[0])),
     "reminder": lambda draft: remind(draft, draft.rng.choice(["tomorrow", "in_hours"])),
@@ -354,7 +396,10 @@ def _precondition_verification(draft: Draft, difficulty: int) -> str:
     if kind == "delete_reminder":
         return _pick_reminder_to_delete(draft, count)
     first = draft.take_first_name()
-    group = [draft.add_contact(relationship, first=first) for relationship in draft.rng.sample(COMMON_RELATIONSHIPS + CLOSE_RELATIONSHIPS, count)]
+    group = [
+        draft.add_contact(relationship, first=first)
+        for relationship in draft.rng.sample(COMMON_RELATIONSHIPS + CLOSE_RELATIONSHIPS, count)
+    ]
     target = draft.rng.choice(group)
     answers = [f"I mean {target.name}.", f"The one who's my {target.relationship}."]
     if difficulty >= 3:
@@ -393,15 +438,29 @@ def _pick_reminder_to_delete(draft: Draft, count: int) -> str:
     days = sorted(draft.rng.sample(range(1, 41), count))
     others = [reminder.reminder_id for reminder in draft.state.reminders]
     group = [
-        draft.add_reminder(task, to_timestamp(utc(*_ymd(draft.state.now + day * DAY), draft.rng.randint(7, 20), draft.rng.choice([0, 15, 30, 45]))))
+        draft.add_reminder(
+            task,
+            to_timestamp(
+                utc(*_ymd(draft.state.now + day * DAY), draft.rng.randint(7, 20), draft.rng.choice([0, 15, 30, 45]))
+            ),
+        )
         for day in days
     ]
     target = draft.rng.choice(group)
-    draft.clarification = draft.rng.choice([f"The one on {_month_day(target.reminder_timestamp)}.", f"Delete the {_month_day(target.reminder_timestamp)} one."])
+    draft.clarification = draft.rng.choice(
+        [
+            f"The one on {_month_day(target.reminder_timestamp)}.",
+            f"Delete the {_month_day(target.reminder_timestamp)} one.",
+        ]
+    )
     draft.milestone(f"searched the reminders about {word}", LookedUp("search_reminder", {"content": word}))
     candidates = tuple(date_fact(to_datetime(reminder.reminder_timestamp)) for reminder in group)
     draft.milestone(f"asked which reminder about {word} before deleting", Asked(candidates, "remove_reminder"))
-    draft.milestone(f"removed the reminder about {word} on {_month_day(target.reminder_timestamp)}", ReminderGone(target.reminder_id), 2)
+    draft.milestone(
+        f"removed the reminder about {word} on {_month_day(target.reminder_timestamp)}",
+        ReminderGone(target.reminder_id),
+        2,
+    )
     for reminder_id in others + [reminder.reminder_id for reminder in group if reminder is not target]:
         draft.minefield(f"removed reminder {reminder_id}", ReminderGone(reminder_id))
     listed = sentence(*(_when(reminder.reminder_timestamp) for reminder in group))[:-1]
@@ -452,7 +511,9 @@ def _latest_from(draft: Draft, difficulty: int, chats: list[tuple[str, str]]) ->
     owner, count = draft.state.owner, _DISTRACTORS[difficulty]
     first = draft.take_first_name()
     contact = draft.add_contact(_unused_close_relationships(draft, 1)[0], first=first)
-    received = [(draft.add_message(contact, owner, text, draft.past_time(5 * DAY, 7200)), word) for text, word in chats[:count]]
+    received = [
+        (draft.add_message(contact, owner, text, draft.past_time(5 * DAY, 7200)), word) for text, word in chats[:count]
+    ]
     latest, word = max(received, key=lambda pair: pair[0].creation_timestamp)
     distractors = [other for message, other in received if message is not latest]
     text, other = chats[count]
@@ -473,8 +534,12 @@ def _latest_from(draft: Draft, difficulty: int, chats: list[tuple[str, str]]) ->
     draft.call("search_contacts", **search)
     draft.call("search_messages", sender_phone_number=contact.phone_number)
     draft.say(f'The last message from {contact.name} says: "{latest.content}"')
-    older = max((message for message, _ in received if message is not latest), key=lambda message: message.creation_timestamp)
-    draft.mark_capability_step(instead={"role": "assistant", "content": f'The last message from {contact.name} says: "{older.content}"'})
+    older = max(
+        (message for message, _ in received if message is not latest), key=lambda message: message.creation_timestamp
+    )
+    draft.mark_capability_step(
+        instead={"role": "assistant", "content": f'The last message from {contact.name} says: "{older.content}"'}
+    )
     return f"What did {reference} last text me?"
 
 
@@ -488,20 +553,26 @@ def _reply_to_last_sender(draft: Draft, difficulty: int, chats: list[tuple[str, 
     for recipient, (text, _) in zip(draft.rng.sample(senders, 1 + difficulty // 3), chats[count:]):
         draft.add_message(owner, recipient, text, draft.past_time(500, 60))  # newer, but sent by the owner
     wording, content, words = outgoing_message(draft.rng)
-    draft.milestone("searched the messages", LookedUp("search_messages", {"recipient_phone_number": owner.phone_number}))
+    draft.milestone(
+        "searched the messages", LookedUp("search_messages", {"recipient_phone_number": owner.phone_number})
+    )
     draft.milestone(f"texted {target.name}", MessageSent(target.phone_number, words), 2)
     draft.minefield("texted someone else", SentToNoneOf((target.phone_number,)))
     draft.call("search_contacts", relationship="self")
     draft.call("search_messages", recipient_phone_number=owner.phone_number)
     draft.call("search_contacts", phone_number=target.phone_number)
     draft.call("send_message_with_phone_number", phone_number=target.phone_number, content=content)
-    wrong = call_message("send_message_with_phone_number", "call_wrong_sender", phone_number=senders[-1].phone_number, content=content)
+    wrong = call_message(
+        "send_message_with_phone_number", "call_wrong_sender", phone_number=senders[-1].phone_number, content=content
+    )
     draft.mark_capability_step(instead=wrong)  # an older sender
     draft.say(f'{target.name} sent you the most recent text, so I texted them: "{content}"')
-    return draft.rng.choice([
-        f"Text whoever sent me the most recent message {wording}.",
-        f"Reply to the last person who texted me {wording}.",
-    ])
+    return draft.rng.choice(
+        [
+            f"Text whoever sent me the most recent message {wording}.",
+            f"Reply to the last person who texted me {wording}.",
+        ]
+    )
 
 
 def _reminder_by_order(draft: Draft, difficulty: int) -> str:
@@ -520,14 +591,20 @@ def _reminder_by_order(draft: Draft, difficulty: int) -> str:
         request = draft.rng.choice(["Delete my next reminder.", "Remove the reminder that comes up soonest."])
     elif order == "furthest":
         target = draft.add_reminder(task, max(used) + draft.rng.randint(1, 10) * DAY)
-        request = draft.rng.choice(["Delete my last reminder, the one furthest in the future.", "Remove the reminder that is furthest away."])
+        request = draft.rng.choice(
+            ["Delete my last reminder, the one furthest in the future.", "Remove the reminder that is furthest away."]
+        )
     else:  # created after every other reminder (they were created a day or more ago)
         target = draft.add_reminder(task, now + draft.rng.randint(1, 40) * DAY + draft.rng.randint(0, 95) * 900)
         target.creation_timestamp = now - draft.rng.randint(600, 7200)
-        request = draft.rng.choice(["Delete the reminder I created most recently.", "Remove the newest reminder I made."])
+        request = draft.rng.choice(
+            ["Delete the reminder I created most recently.", "Remove the newest reminder I made."]
+        )
     others = [reminder.reminder_id for reminder in draft.state.reminders if reminder is not target]
     draft.milestone(f"removed the reminder about {word}", ReminderGone(target.reminder_id), 2)
-    draft.milestone(f"told the user which reminder: {word}", All((ReminderGone(target.reminder_id), Reported((task_fact(word),)))))
+    draft.milestone(
+        f"told the user which reminder: {word}", All((ReminderGone(target.reminder_id), Reported((task_fact(word),))))
+    )
     for reminder_id in others:
         draft.minefield(f"removed reminder {reminder_id}", ReminderGone(reminder_id))
     draft.call("search_reminder")
@@ -539,7 +616,8 @@ def _reminder_by_order(draft: Draft, difficulty: int) -> str:
 
 # -- 7. information_reporting ----------------------------------------------------------------------
 def _phone_number_lookup(draft: Draft) -> tuple[str, str]:
-    """(how the request names a new contact, the reply telling their number): a lookup whose result the reply must tell."""
+    """(how the request names a new contact, the reply telling their number): a lookup whose result the reply must
+    tell."""
     contact = draft.add_contact(_unused_close_relationships(draft, 1)[0])
     reference, search = contact_reference(draft, contact)
     draft.milestone(f"looked up {contact.name}", LookedUp("search_contacts", search))
@@ -562,10 +640,15 @@ def _report_reminder_time(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
     moment = utc(day.year, day.month, day.day, draft.rng.randint(7, 20), draft.rng.choice([0, 15, 30, 45]))
     reminder = draft.add_reminder(task, to_timestamp(moment))
     draft.milestone(f"searched the reminders about {word}", LookedUp("search_reminder", {"content": word}))
-    draft.milestone(f"reported the date and time of the reminder about {word}", Reported((date_fact(moment), time_fact(moment))), 2)
+    draft.milestone(
+        f"reported the date and time of the reminder about {word}", Reported((date_fact(moment), time_fact(moment))), 2
+    )
     draft.call("search_reminder", content=word)
     draft.call("timestamp_to_datetime_info", timestamp=reminder.reminder_timestamp)
-    return f"When is my reminder to {task}?", f'Your reminder "{reminder.content}" is set for {date_text(moment)} at {clock_text(moment)}.'
+    return (
+        f"When is my reminder to {task}?",
+        f'Your reminder "{reminder.content}" is set for {date_text(moment)} at {clock_text(moment)}.',
+    )
 
 
 def _report_weekday_of_date(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
@@ -574,7 +657,10 @@ def _report_weekday_of_date(draft: Draft, weekdays: set[int]) -> tuple[str, str]
         day = to_datetime(to_timestamp(day) + DAY)
     weekdays.add(day.weekday())
     spoken = f"{MONTHS[day.month - 1]} {day.day}, {day.year}"
-    draft.milestone(f"converted {spoken}", LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(utc(day.year, day.month, day.day))}))
+    draft.milestone(
+        f"converted {spoken}",
+        LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(utc(day.year, day.month, day.day))}),
+    )
     draft.milestone(f"reported the weekday of {spoken}", Reported((weekday_fact(day),)), 2)
     draft.call("datetime_info_to_timestamp", year=day.year, month=day.month, day=day.day)
     draft.call("timestamp_to_datetime_info", timestamp=to_timestamp(utc(day.year, day.month, day.day)))
@@ -587,7 +673,9 @@ def _report_weekday_in_days(draft: Draft, weekdays: set[int]) -> tuple[str, str]
         days += 1
     target = to_datetime(draft.state.now + days * DAY)
     weekdays.add(target.weekday())
-    draft.milestone(f"converted the day in {days} days", LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(target)}))
+    draft.milestone(
+        f"converted the day in {days} days", LookedUp("timestamp_to_datetime_info", {"timestamp": to_timestamp(target)})
+    )
     draft.milestone(f"reported the weekday in {days} days", Reported((weekday_fact(target),)), 2)
     draft.call("get_current_timestamp")
     draft.call("shift_timestamp", timestamp=draft.state.now, days=days)
@@ -603,7 +691,10 @@ def _report_latest_message(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
         received.append((draft.add_message(contact, owner, text, draft.past_time(5 * DAY, 7200)), word))
     latest, word = max(received, key=lambda pair: pair[0].creation_timestamp)
     reference, search = contact_reference(draft, contact)
-    draft.milestone(f"searched the messages from {contact.name}", LookedUp("search_messages", {"sender_phone_number": contact.phone_number}))
+    draft.milestone(
+        f"searched the messages from {contact.name}",
+        LookedUp("search_messages", {"sender_phone_number": contact.phone_number}),
+    )
     draft.milestone(f"reported the latest message from {contact.name}", Reported((message_fact(word),)), 2)
     draft.call("search_contacts", **search)
     draft.call("search_messages", sender_phone_number=contact.phone_number)
@@ -613,7 +704,11 @@ def _report_latest_message(draft: Draft, weekdays: set[int]) -> tuple[str, str]:
 # Each builds one lookup on the draft and returns (question, answer); ``weekdays``: the weekdays other answers
 # name, which a weekday answer avoids (else one answer would reach two report milestones).
 _EASY_REPORTS = {"phone_number": _report_phone_number, "weekday_of_date": _report_weekday_of_date}
-_HARD_REPORTS = {"reminder_time": _report_reminder_time, "weekday_in_days": _report_weekday_in_days, "latest_message": _report_latest_message}
+_HARD_REPORTS = {
+    "reminder_time": _report_reminder_time,
+    "weekday_in_days": _report_weekday_in_days,
+    "latest_message": _report_latest_message,
+}
 
 
 def _information_reporting(draft: Draft, difficulty: int) -> str:
@@ -642,8 +737,10 @@ def _information_reporting(draft: Draft, difficulty: int) -> str:
 WITH_LEVEL_0 = (0, *DIFFICULTIES)  # 0: steps of one call each, a level where SmolLM2-135M earns some reward
 LEVEL_0_CAPABILITIES = ("tool_calling_precision", "multi_step_task_completion")
 
-TEMPLATES: dict[str, DeviceTemplate] = {
-    name: DeviceTemplate(name, CAPABILITIES[name], build, WITH_LEVEL_0 if name in LEVEL_0_CAPABILITIES else DIFFICULTIES)
+TEMPLATES: dict[str, CapabilityTemplate[Draft, str]] = {
+    name: CapabilityTemplate(
+        name, CAPABILITIES[name], build, WITH_LEVEL_0 if name in LEVEL_0_CAPABILITIES else DIFFICULTIES
+    )
     for name, build in (
         ("permission_error_recovery", _permission_error_recovery),
         ("datetime_reasoning", _datetime_reasoning),

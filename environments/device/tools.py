@@ -68,19 +68,34 @@ class DeviceTools:
     def timestamp_to_datetime_info(self, timestamp: int) -> dict[str, Any]:
         moment = _moment(timestamp)
         return {
-            "year": moment.year, "month": moment.month, "day": moment.day,
-            "hour": moment.hour, "minute": moment.minute, "second": moment.second,
+            "year": moment.year,
+            "month": moment.month,
+            "day": moment.day,
+            "hour": moment.hour,
+            "minute": moment.minute,
+            "second": moment.second,
             "weekday": WEEKDAYS[moment.weekday()],
         }
 
-    def datetime_info_to_timestamp(self, year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> int:
+    def datetime_info_to_timestamp(
+        self, year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+    ) -> int:
         try:
             return to_timestamp(utc(int(year), int(month), int(day), int(hour), int(minute), int(second)))
         except (ValueError, OverflowError) as exc:
             raise ToolError(f"invalid date or time: {exc}") from None
 
-    def shift_timestamp(self, timestamp: int, weeks: int = 0, days: int = 0, hours: int = 0, minutes: int = 0, seconds: int = 0) -> int:
-        shifted = int(timestamp) + int(weeks) * 604800 + int(days) * 86400 + int(hours) * 3600 + int(minutes) * 60 + int(seconds)
+    def shift_timestamp(
+        self, timestamp: int, weeks: int = 0, days: int = 0, hours: int = 0, minutes: int = 0, seconds: int = 0
+    ) -> int:
+        shifted = (
+            int(timestamp)
+            + int(weeks) * 604800
+            + int(days) * 86400
+            + int(hours) * 3600
+            + int(minutes) * 60
+            + int(seconds)
+        )
         _moment(shifted)
         return shifted
 
@@ -96,7 +111,9 @@ class DeviceTools:
         return f"{_SETTING_LABELS[setting]} is now {'on' if on else 'off'}"
 
     # -- contacts ---------------------------------------------------------------------
-    def search_contacts(self, name: str | None = None, phone_number: str | None = None, relationship: str | None = None) -> list[dict]:
+    def search_contacts(
+        self, name: str | None = None, phone_number: str | None = None, relationship: str | None = None
+    ) -> list[dict]:
         number = _phone(phone_number) if phone_number is not None else None
         return [
             asdict(contact)
@@ -113,7 +130,9 @@ class DeviceTools:
         self.state.contacts.append(contact)
         return asdict(contact)
 
-    def modify_contact(self, person_id: str, name: str | None = None, phone_number: str | None = None, relationship: str | None = None) -> dict:
+    def modify_contact(
+        self, person_id: str, name: str | None = None, phone_number: str | None = None, relationship: str | None = None
+    ) -> dict:
         contact = next((contact for contact in self.state.contacts if contact.person_id == person_id), None)
         if contact is None:
             raise ToolError(f"no contact with person_id {person_id!r}")
@@ -144,7 +163,12 @@ class DeviceTools:
         self.state.messages.append(message)
         return {"message_id": message.message_id}
 
-    def search_messages(self, sender_phone_number: str | None = None, recipient_phone_number: str | None = None, content: str | None = None) -> list[dict]:
+    def search_messages(
+        self,
+        sender_phone_number: str | None = None,
+        recipient_phone_number: str | None = None,
+        content: str | None = None,
+    ) -> list[dict]:
         sender = _phone(sender_phone_number) if sender_phone_number is not None else None
         recipient = _phone(recipient_phone_number) if recipient_phone_number is not None else None
         found = [
@@ -185,7 +209,12 @@ class DeviceTools:
     def tools(self) -> list[Tool]:
         timestamp = _integer()
         return [
-            Tool("get_current_timestamp", "Current time as a UNIX timestamp (UTC).", _parameters([]), self.get_current_timestamp),
+            Tool(
+                "get_current_timestamp",
+                "Current time as a UNIX timestamp (UTC).",
+                _parameters([]),
+                self.get_current_timestamp,
+            ),
             Tool(
                 "timestamp_to_datetime_info",
                 "Convert a timestamp to year, month, day, hour, minute, second, weekday (UTC).",
@@ -197,7 +226,12 @@ class DeviceTools:
                 "Convert a UTC date and time to a timestamp; hour, minute, second default to 0.",
                 _parameters(
                     ["year", "month", "day"],
-                    year=_integer(), month=_integer("1-12"), day=_integer(), hour=_integer("0-23"), minute=_integer(), second=_integer(),
+                    year=_integer(),
+                    month=_integer("1-12"),
+                    day=_integer(),
+                    hour=_integer("0-23"),
+                    minute=_integer(),
+                    second=_integer(),
                 ),
                 self.datetime_info_to_timestamp,
             ),
@@ -205,8 +239,13 @@ class DeviceTools:
                 "shift_timestamp",
                 "Add a duration (negative: subtract) to a timestamp; unset parts are 0.",
                 _parameters(
-                    ["timestamp"], timestamp=timestamp,
-                    weeks=_integer(), days=_integer(), hours=_integer(), minutes=_integer(), seconds=_integer(),
+                    ["timestamp"],
+                    timestamp=timestamp,
+                    weeks=_integer(),
+                    days=_integer(),
+                    hours=_integer(),
+                    minutes=_integer(),
+                    seconds=_integer(),
                 ),
                 self.shift_timestamp,
             ),
@@ -214,19 +253,25 @@ class DeviceTools:
             Tool(
                 "search_contacts",
                 "Find contacts; all given fields must match (name: partial match). No fields: all contacts.",
-                _parameters([], name=_string(), phone_number=_string(), relationship=_string("e.g. sister, boss, self")),
+                _parameters(
+                    [], name=_string(), phone_number=_string(), relationship=_string("e.g. sister, boss, self")
+                ),
                 self.search_contacts,
             ),
             Tool(
                 "add_contact",
                 "Add a new contact.",
-                _parameters(["name", "phone_number"], name=_string("full name"), phone_number=_string(), relationship=_string()),
+                _parameters(
+                    ["name", "phone_number"], name=_string("full name"), phone_number=_string(), relationship=_string()
+                ),
                 self.add_contact,
             ),
             Tool(
                 "modify_contact",
                 "Change fields of the contact with person_id.",
-                _parameters(["person_id"], person_id=_string(), name=_string(), phone_number=_string(), relationship=_string()),
+                _parameters(
+                    ["person_id"], person_id=_string(), name=_string(), phone_number=_string(), relationship=_string()
+                ),
                 self.modify_contact,
             ),
             Tool(
@@ -265,7 +310,14 @@ class DeviceTools:
         tools = []
         for setting in SETTINGS:
             label = _SETTING_LABELS[setting]
-            tools.append(Tool(f"get_{setting}_status", f"Is {label} on?", _parameters([]), lambda setting=setting: self.get_setting(setting)))
+            tools.append(
+                Tool(
+                    f"get_{setting}_status",
+                    f"Is {label} on?",
+                    _parameters([]),
+                    lambda setting=setting: self.get_setting(setting),
+                )
+            )
             tools.append(
                 Tool(
                     f"set_{setting}_status",

@@ -1,13 +1,58 @@
 """The words scenarios are made of: names, relationships, message texts, reminder tasks, setting names."""
 
 FIRST_NAMES = (
-    "Alex", "Priya", "Marcus", "Sofia", "Daniel", "Mei", "Omar", "Hannah", "Lucas", "Aisha",
-    "Ethan", "Chloe", "Mateo", "Grace", "Noah", "Yuki", "Samuel", "Leila", "Victor", "Nora",
-    "Isaac", "Elena", "Tomas", "Ruby", "Jamal", "Ingrid", "Felix", "Zara", "Hugo", "Maya",
+    "Alex",
+    "Priya",
+    "Marcus",
+    "Sofia",
+    "Daniel",
+    "Mei",
+    "Omar",
+    "Hannah",
+    "Lucas",
+    "Aisha",
+    "Ethan",
+    "Chloe",
+    "Mateo",
+    "Grace",
+    "Noah",
+    "Yuki",
+    "Samuel",
+    "Leila",
+    "Victor",
+    "Nora",
+    "Isaac",
+    "Elena",
+    "Tomas",
+    "Ruby",
+    "Jamal",
+    "Ingrid",
+    "Felix",
+    "Zara",
+    "Hugo",
+    "Maya",
 )
 LAST_NAMES = (
-    "Kim", "Rivera", "Patel", "Nguyen", "Okafor", "Schmidt", "Rossi", "Tanaka", "Cohen", "Silva",
-    "Murphy", "Haddad", "Larsen", "Moreau", "Novak", "Brooks", "Chen", "Alvarez", "Singh", "Walsh",
+    "Kim",
+    "Rivera",
+    "Patel",
+    "Nguyen",
+    "Okafor",
+    "Schmidt",
+    "Rossi",
+    "Tanaka",
+    "Cohen",
+    "Silva",
+    "Murphy",
+    "Haddad",
+    "Larsen",
+    "Moreau",
+    "Novak",
+    "Brooks",
+    "Chen",
+    "Alvarez",
+    "Singh",
+    "Walsh",
 )
 AREA_CODES = ("415", "212", "617", "312", "206", "512", "303", "646", "919", "503")
 
@@ -56,12 +101,37 @@ TEMPLATE_CHAT_MESSAGES = (
 
 # Messages the user asks to send: (request wording, message text, words it must contain, fillers for {x}).
 OUTGOING_MESSAGES = (
-    ("that I'm running {x} minutes late", "I'm running {x} minutes late.", ("{x}", "late"), ("5", "10", "15", "20", "25")),
-    ("that the meeting moved to {x}", "The meeting moved to {x}.", ("meeting", "{x}"), ("2pm", "3pm", "4pm", "10am", "11am")),
-    ("that I'll bring the {x}", "I'll bring the {x}.", ("bring", "{x}"), ("snacks", "cake", "charger", "salad", "board games")),
+    (
+        "that I'm running {x} minutes late",
+        "I'm running {x} minutes late.",
+        ("{x}", "late"),
+        ("5", "10", "15", "20", "25"),
+    ),
+    (
+        "that the meeting moved to {x}",
+        "The meeting moved to {x}.",
+        ("meeting", "{x}"),
+        ("2pm", "3pm", "4pm", "10am", "11am"),
+    ),
+    (
+        "that I'll bring the {x}",
+        "I'll bring the {x}.",
+        ("bring", "{x}"),
+        ("snacks", "cake", "charger", "salad", "board games"),
+    ),
     ("that dinner is at {x} tonight", "Dinner is at {x} tonight.", ("dinner", "{x}"), ("6:30", "7:15", "7:30", "8:00")),
-    ("asking them to call me back at {x}", "Can you call me back at {x}?", ("call", "{x}"), ("noon", "5pm", "6pm", "9am")),
-    ("that I got the tickets for {x}", "I got the tickets for {x}!", ("tickets", "{x}"), ("Friday", "Saturday", "Sunday")),
+    (
+        "asking them to call me back at {x}",
+        "Can you call me back at {x}?",
+        ("call", "{x}"),
+        ("noon", "5pm", "6pm", "9am"),
+    ),
+    (
+        "that I got the tickets for {x}",
+        "I got the tickets for {x}!",
+        ("tickets", "{x}"),
+        ("Friday", "Saturday", "Sunday"),
+    ),
 )
 
 # Reminder tasks: (what to do, the word a reminder about it must contain).

@@ -18,11 +18,22 @@ from environments.synthetic.sandbox import SandboxedEnvironment, SandboxLimits
 
 # target -> (its templates, the environment that plays them); a new target adds its pair here
 TEMPLATE_TARGETS: dict[str, tuple[str, str]] = {
-    "device": ("environments.device.synthetic_templates:TEMPLATES", "environments.device.synthetic:DeviceTemplateEnvironment"),
-    "tau2_airline": ("environments.tau2.airline_templates:AIRLINE_TEMPLATES", "environments.tau2.synthetic:AirlineTemplateEnvironment"),
-    "tau2_retail": ("environments.tau2.retail_templates:RETAIL_TEMPLATES", "environments.tau2.synthetic:RetailTemplateEnvironment"),
-    "code_repair": ("environments.code_repair.synthetic_templates:TEMPLATES",
-                    "environments.code_repair.synthetic:CodeRepairTemplateEnvironment"),
+    "device": (
+        "environments.device.synthetic_templates:TEMPLATES",
+        "environments.device.synthetic:DeviceTemplateEnvironment",
+    ),
+    "tau2_airline": (
+        "environments.tau2.airline_templates:AIRLINE_TEMPLATES",
+        "environments.tau2.synthetic:AirlineTemplateEnvironment",
+    ),
+    "tau2_retail": (
+        "environments.tau2.retail_templates:RETAIL_TEMPLATES",
+        "environments.tau2.synthetic:RetailTemplateEnvironment",
+    ),
+    "code_repair": (
+        "environments.code_repair.synthetic_templates:TEMPLATES",
+        "environments.code_repair.synthetic:CodeRepairTemplateEnvironment",
+    ),
 }
 
 

@@ -72,9 +72,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from environments.errors import TraceRayError
 from environments.protocol import Environment, Message, ResetResult, StepResult
 from environments.synthetic.sandbox_child import MEMORY_EXIT_STATUS
-from environments.errors import TraceRayError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # holds the environments package
 
@@ -83,7 +83,14 @@ SANDBOX_MODES = ("strict", "weak")
 LIBRARY = "/sandbox/lib"  # inside the sandbox: the environments package, read-only
 MODULES = "/sandbox/module"  # inside the sandbox: the generated module, under its own name, read-only
 SCRATCH = "/scratch"  # inside the sandbox: the tmpfs working directory, the only writable place
-NAMESPACES = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try")
+NAMESPACES = (
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-net",
+    "--unshare-cgroup-try",
+)
 NOBODY = "65534"
 
 
@@ -111,16 +118,62 @@ def system_binds() -> list[str]:
 def bubblewrap_command(module_path: Path, options: dict[str, Any]) -> list[str]:
     """The command that runs the sandbox child for ``module_path`` under bubblewrap (see the module docstring)."""
     return [
-        "bwrap", *NAMESPACES, "--uid", NOBODY, "--gid", NOBODY, "--hostname", "sandbox",
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "bwrap",
+        *NAMESPACES,
+        "--uid",
+        NOBODY,
+        "--gid",
+        NOBODY,
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
         *system_binds(),
-        "--ro-bind", str(PROJECT_ROOT / "environments"), f"{LIBRARY}/environments",
-        "--ro-bind", str(module_path), f"{MODULES}/{module_path.name}",
-        "--tmpfs", SCRATCH, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/", "--chdir", SCRATCH,
-        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "PYTHONPATH", LIBRARY, "--setenv", "HOME", SCRATCH,
-        "--setenv", "TMPDIR", SCRATCH, "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-        "--setenv", "PYTHONIOENCODING", "utf-8",
-        os.path.realpath(sys.executable), "-m", "environments.synthetic.sandbox_child", f"{MODULES}/{module_path.name}", json.dumps(options),
+        "--ro-bind",
+        str(PROJECT_ROOT / "environments"),
+        f"{LIBRARY}/environments",
+        "--ro-bind",
+        str(module_path),
+        f"{MODULES}/{module_path.name}",
+        "--tmpfs",
+        SCRATCH,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        SCRATCH,
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "PYTHONPATH",
+        LIBRARY,
+        "--setenv",
+        "HOME",
+        SCRATCH,
+        "--setenv",
+        "TMPDIR",
+        SCRATCH,
+        "--setenv",
+        "PYTHONHASHSEED",
+        "0",
+        "--setenv",
+        "PYTHONDONTWRITEBYTECODE",
+        "1",
+        "--setenv",
+        "PYTHONIOENCODING",
+        "utf-8",
+        os.path.realpath(sys.executable),
+        "-m",
+        "environments.synthetic.sandbox_child",
+        f"{MODULES}/{module_path.name}",
+        json.dumps(options),
     ]
 
 
@@ -129,14 +182,29 @@ def bubblewrap_problem() -> str | None:
     """Why this machine cannot run the strict sandbox (None: it can), in a few words."""
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed"
-    probe = ["bwrap", *NAMESPACES, "--uid", NOBODY, "--gid", NOBODY, "--die-with-parent", *system_binds(), "--proc", "/proc",
-             "--dev", "/dev", "true"]
+    probe = [
+        "bwrap",
+        *NAMESPACES,
+        "--uid",
+        NOBODY,
+        "--gid",
+        NOBODY,
+        "--die-with-parent",
+        *system_binds(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "true",
+    ]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap did not run ({type(exc).__name__})"
     if done.returncode != 0:
-        return f"bubblewrap cannot create the namespaces here ({_one_line(done.stderr, 120) or f'exit {done.returncode}'})"
+        return (
+            f"bubblewrap cannot create the namespaces here ({_one_line(done.stderr, 120) or f'exit {done.returncode}'})"
+        )
     return None
 
 
@@ -156,8 +224,13 @@ class SandboxedEnvironment(Environment):
     """
 
     def __init__(
-        self, module_path: str | Path, difficulty: int | None, max_turns: int = 50, max_tool_calls_per_turn: int = 8,
-        success_threshold: float = 1.0, limits: SandboxLimits | None = None,
+        self,
+        module_path: str | Path,
+        difficulty: int | None,
+        max_turns: int = 50,
+        max_tool_calls_per_turn: int = 8,
+        success_threshold: float = 1.0,
+        limits: SandboxLimits | None = None,
     ) -> None:
         self.module_path = Path(module_path).resolve()
         self.limits = limits or SandboxLimits()
@@ -182,21 +255,46 @@ class SandboxedEnvironment(Environment):
         self._scratch = tempfile.mkdtemp(prefix="trace-ray-sandbox-")
         self._stderr = tempfile.TemporaryFile(mode="a+b")  # append-only: the child's writes never overwrite
         options = {
-            "difficulty": difficulty, "max_turns": max_turns, "max_tool_calls_per_turn": max_tool_calls_per_turn,
-            "success_threshold": success_threshold, "memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s,
-            "processes": limits.processes, "open_files": limits.open_files,
+            "difficulty": difficulty,
+            "max_turns": max_turns,
+            "max_tool_calls_per_turn": max_tool_calls_per_turn,
+            "success_threshold": success_threshold,
+            "memory_mb": limits.memory_mb,
+            "cpu_s": limits.cpu_s,
+            "processes": limits.processes,
+            "open_files": limits.open_files,
         }
         if limits.mode == "strict":
-            command, child_env = bubblewrap_command(self.module_path, options), {"PATH": os.environ.get("PATH", os.defpath)}
+            command, child_env = (
+                bubblewrap_command(self.module_path, options),
+                {"PATH": os.environ.get("PATH", os.defpath)},
+            )
         else:
-            command = [sys.executable, "-m", "environments.synthetic.sandbox_child", str(self.module_path), json.dumps(options)]
+            command = [
+                sys.executable,
+                "-m",
+                "environments.synthetic.sandbox_child",
+                str(self.module_path),
+                json.dumps(options),
+            ]
             child_env = {
-                "PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(PROJECT_ROOT), "HOME": self._scratch,
-                "TMPDIR": self._scratch, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+                "PATH": os.environ.get("PATH", os.defpath),
+                "PYTHONPATH": str(PROJECT_ROOT),
+                "HOME": self._scratch,
+                "TMPDIR": self._scratch,
+                "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONIOENCODING": "utf-8",
             }
         self._process = subprocess.Popen(
-            command, cwd=self._scratch, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-            start_new_session=True, close_fds=True,
+            command,
+            cwd=self._scratch,
+            env=child_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+            close_fds=True,
         )
         try:
             hello = self._receive("start (import and make_environment)", self.limits.start_timeout_s)
@@ -207,8 +305,10 @@ class SandboxedEnvironment(Environment):
         self.difficulty: int = hello["difficulty"]
         self._difficulties = tuple(hello["difficulties"])
         self.network_isolation: str = hello["network"]  # how the child is cut off the network, in words
-        self.isolation = "bubblewrap: user, PID, IPC, UTS, network namespaces; read-only system; tmpfs scratch" if limits.mode == "strict" else (
-            f"weak: a child process in its own session and scratch directory; {self.network_isolation}"
+        self.isolation = (
+            "bubblewrap: user, PID, IPC, UTS, network namespaces; read-only system; tmpfs scratch"
+            if limits.mode == "strict"
+            else (f"weak: a child process in its own session and scratch directory; {self.network_isolation}")
         )
 
     # -- the protocol, proxied ------------------------------------------------------------------
@@ -281,7 +381,9 @@ class SandboxedEnvironment(Environment):
     def _call(self, method: str, *args: Any) -> Any:
         shown = "step(message)" if method == "step" else f"{method}({', '.join(repr(arg) for arg in args)})"
         if self._stopped:
-            raise SandboxError(f"synthetic module {self.module_path.name}: {shown} called on a stopped sandbox ({self._stopped})")
+            raise SandboxError(
+                f"synthetic module {self.module_path.name}: {shown} called on a stopped sandbox ({self._stopped})"
+            )
         request = json.dumps({"method": method, "args": list(args)}) + "\n"
         try:
             self._process.stdin.write(request.encode("utf-8"))
@@ -298,25 +400,38 @@ class SandboxedEnvironment(Environment):
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                 limit = "start_timeout_s" if call.startswith("start") else "synthesis.call_timeout_s"
-                raise self._failure(call, f"did not return within {timeout_s:g} s (the sandbox's time limit, {limit}); the sandbox was stopped")
+                raise self._failure(
+                    call,
+                    f"did not return within {timeout_s:g} s (the sandbox's time limit, {limit}); "
+                    "the sandbox was stopped",
+                )
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 raise self._failure(call, self._exit_cause())
             self._buffer += chunk
         end = self._buffer.index(b"\n")
-        line, self._buffer = bytes(self._buffer[:end]), self._buffer[end + 1:]
+        line, self._buffer = bytes(self._buffer[:end]), self._buffer[end + 1 :]
         try:
             answer = json.loads(line)
         except json.JSONDecodeError:
-            raise self._failure(call, f"the sandbox answered something that is not JSON ({_one_line(line.decode(errors='replace'), 80)})") from None
+            raise self._failure(
+                call,
+                f"the sandbox answered something that is not JSON ({_one_line(line.decode(errors='replace'), 80)})",
+            ) from None
         if answer["ok"]:
             return answer["value"]
         call = answer.get("call", call)
         kind, message = answer["kind"], answer["message"]
         if kind == "memory":
-            raise self._failure(call, f"exceeded the memory limit of {self.limits.memory_mb} MB (MemoryError; synthesis.memory_mb); the sandbox was stopped")
+            raise self._failure(
+                call,
+                f"exceeded the memory limit of {self.limits.memory_mb} MB (MemoryError; "
+                "synthesis.memory_mb); the sandbox was stopped",
+            )
         if kind == "network":
-            raise self._failure(call, f"attempted network access ({message}), which is disabled in the sandbox; the sandbox was stopped")
+            raise self._failure(
+                call, f"attempted network access ({message}), which is disabled in the sandbox; the sandbox was stopped"
+            )
         if kind == "invalid":
             raise self._failure(call, f"failed: {message}")
         if call.startswith("start"):
@@ -335,7 +450,8 @@ class SandboxedEnvironment(Environment):
             return
         self._group_killed = True
         try:
-            os.killpg(self._process.pid, signal.SIGKILL)  # the child leads its own session: whatever it started goes too
+            # the child leads its own session: whatever it started goes too
+            os.killpg(self._process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self._process.wait()
@@ -348,7 +464,10 @@ class SandboxedEnvironment(Environment):
             self._stop("hung after closing its channel")
             status = self._process.returncode
         if status == MEMORY_EXIT_STATUS:
-            return f"exceeded the memory limit of {self.limits.memory_mb} MB (MemoryError; synthesis.memory_mb); the sandbox was stopped"
+            return (
+                f"exceeded the memory limit of {self.limits.memory_mb} MB (MemoryError; synthesis.memory_mb); the "
+                "sandbox was stopped"
+            )
         if status < 0:
             name = signal.Signals(-status).name if -status in signal.valid_signals() else str(-status)
             return f"crashed: the sandbox process was killed by {name}"

@@ -38,11 +38,20 @@ import resource
 import socket
 import sys
 import traceback
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 METHODS = (
-    "task_seeds", "train_seed", "reset", "step", "oracle_message", "capability_turns",
-    "task_fingerprint", "example_exchange", "capability_detectors", "capability_evidence",
+    "task_seeds",
+    "train_seed",
+    "reset",
+    "step",
+    "oracle_message",
+    "capability_turns",
+    "task_fingerprint",
+    "example_exchange",
+    "capability_detectors",
+    "capability_evidence",
 )
 MEMORY_EXIT_STATUS = 86  # out of memory where not even the answer could be written
 NETWORK_DISABLED = "network access is disabled in the sandbox"
@@ -96,8 +105,11 @@ def leave_network() -> str:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         return f"socket functions disabled (no network namespace: {reason})"
     # keep our own ids inside the new user namespace, so the files we write keep their owner
-    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
-                       ("/proc/self/gid_map", f"{gid} {gid} 1")):
+    for path, text in (
+        ("/proc/self/setgroups", "deny"),
+        ("/proc/self/uid_map", f"{uid} {uid} 1"),
+        ("/proc/self/gid_map", f"{gid} {gid} 1"),
+    ):
         try:
             with open(path, "w") as file:
                 file.write(text)
@@ -135,8 +147,11 @@ def cap_resources(options: dict[str, Any]) -> None:
     """Address space and written file size at the memory limit; CPU seconds, processes and open files as given."""
     memory = options["memory_mb"] * 1024 * 1024
     limits = {
-        resource.RLIMIT_AS: memory, resource.RLIMIT_FSIZE: memory, resource.RLIMIT_CPU: options.get("cpu_s"),
-        resource.RLIMIT_NPROC: options.get("processes"), resource.RLIMIT_NOFILE: options.get("open_files"),
+        resource.RLIMIT_AS: memory,
+        resource.RLIMIT_FSIZE: memory,
+        resource.RLIMIT_CPU: options.get("cpu_s"),
+        resource.RLIMIT_NPROC: options.get("processes"),
+        resource.RLIMIT_NOFILE: options.get("open_files"),
     }
     for kind, limit in limits.items():
         if limit is None:
@@ -172,19 +187,26 @@ def make_environment(module_path: str, options: dict[str, Any]) -> tuple[Any, di
         raise Invalid(f"DIFFICULTIES must be a non-empty tuple of ints (easy -> hard), got {levels!r:.80}")
     make = getattr(module, "make_environment", None)
     if not callable(make):
-        raise Invalid("the module defines no function make_environment(difficulty, max_turns, max_tool_calls_per_turn, success_threshold)")
+        raise Invalid(
+            "the module defines no function make_environment(difficulty, max_turns, max_tool_calls_per_turn, "
+            "success_threshold)"
+        )
     difficulty = options["difficulty"]
     if difficulty is None:
         difficulty = levels[len(levels) // 2]
     elif difficulty not in levels:
         raise Invalid(f"difficulty {difficulty} is not one of DIFFICULTIES {list(levels)}")
     env = make(
-        difficulty=difficulty, max_turns=options["max_turns"],
-        max_tool_calls_per_turn=options["max_tool_calls_per_turn"], success_threshold=options["success_threshold"],
+        difficulty=difficulty,
+        max_turns=options["max_turns"],
+        max_tool_calls_per_turn=options["max_tool_calls_per_turn"],
+        success_threshold=options["success_threshold"],
     )
     missing = [method for method in METHODS if not callable(getattr(env, method, None))]
     if missing:
-        raise Invalid(f"make_environment returned a {type(env).__name__} without the protocol's method(s) {', '.join(missing)}")
+        raise Invalid(
+            f"make_environment returned a {type(env).__name__} without the protocol's method(s) {', '.join(missing)}"
+        )
     hello = {"name": str(getattr(env, "name", "") or ""), "difficulty": difficulty, "difficulties": list(levels)}
     return env, hello
 
@@ -216,7 +238,11 @@ def call(env: Any, method: str, args: list[Any], module_path: str) -> dict[str, 
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        return {"ok": False, "kind": "exception", "message": f"its result is not plain JSON ({describe(exc, module_path)})"}
+        return {
+            "ok": False,
+            "kind": "exception",
+            "message": f"its result is not plain JSON ({describe(exc, module_path)})",
+        }
     return {"ok": True, "value": value}
 
 

@@ -1,4 +1,5 @@
-"""The seeds of a synthetic template environment: fixed analysis and eval tasks, unlimited train tasks from an offset."""
+"""The seeds of a synthetic template environment: fixed analysis and eval tasks, unlimited train tasks from an
+offset."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ class TemplateSeeds:
 
     def task_seeds(self, split: str) -> list[int]:
         if split not in self.split_seeds:
-            raise ValueError(f"unknown split {split!r}; a synthetic environment has analysis and eval seeds (train: train_seed)")
+            raise ValueError(
+                f"unknown split {split!r}; a synthetic environment has analysis and eval seeds (train: train_seed)"
+            )
         return list(self.split_seeds[split])
 
     def train_seed(self, index: int) -> int:

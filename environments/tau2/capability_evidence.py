@@ -136,7 +136,8 @@ def _spelled_out(value: Any, request: str) -> bool:
 
 
 def _read(value: Any, ids: frozenset[str], seen: set[str]) -> bool:
-    """Whether a string the request does not spell out is a record id, or an identifier (it has a digit) of an earlier result."""
+    """Whether a string the request does not spell out is a record id, or an identifier (it has a digit) of an earlier
+    result."""
     text = _text(value)
     return text in ids or (text in seen and any(char.isdigit() for char in text))
 
@@ -172,7 +173,9 @@ def _in_record_among_several(value: Any, fact: str, in_record: bool = False) -> 
     if isinstance(value, (dict, list)):
         items = list(value.values() if isinstance(value, dict) else value)
         several = sum(isinstance(item, dict) for item in items) >= 2
-        return any(_in_record_among_several(item, fact, in_record or (several and isinstance(item, dict))) for item in items)
+        return any(
+            _in_record_among_several(item, fact, in_record or (several and isinstance(item, dict))) for item in items
+        )
     return in_record and value is not None and _same(value, fact)
 
 
@@ -210,7 +213,9 @@ def tau2_capability_evidence(domain: str, task: Any) -> dict[str, Any]:
         "reports": reports,
         "time_reports": [],
         "choice_reports": [
-            name for name, fact in zip(reports, facts) if any(_in_record_among_several(result, fact) for result in results)
+            name
+            for name, fact in zip(reports, facts)
+            if any(_in_record_among_several(result, fact) for result in results)
         ],
         "failed_calls": failed,
     }

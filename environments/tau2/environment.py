@@ -24,16 +24,16 @@ from typing import Any
 
 from environments.protocol import Message, StepResult
 from environments.responder import Responder
+from environments.tau2.capability_evidence import DETECTORS, tau2_capability_evidence
 from environments.tau2.judge import NLAssertionJudge
 from environments.tau2.package import agent_tools, domain_module, fresh_environment, tau2_module
 from environments.tau2.scoring import score_episode
 from environments.tau2.tasks import split_seeds, task_for_seed, train_seed
 from environments.tau2.user_simulator import GREETING, make_user, stop_tokens
 from environments.tool_environment import Tool, ToolEnvironment, ToolError
-from environments.tau2.capability_evidence import DETECTORS
-from environments.tau2.capability_evidence import tau2_capability_evidence
 
-TERMINATIONS = {"agent_reply": "user_stop", "max_turns": "max_steps", "too_many_errors": "too_many_errors"}  # ours -> τ²'s
+# ours -> τ²'s
+TERMINATIONS = {"agent_reply": "user_stop", "max_turns": "max_steps", "too_many_errors": "too_many_errors"}
 
 
 def gold_actions(task: Any) -> list[Any]:
@@ -52,7 +52,9 @@ def initial_environment(domain: str, task: Any) -> Any:
     """A fresh package environment with ``task``'s initial state applied by the package's ``set_state``."""
     state = task.initial_state
     if state is not None and state.message_history:
-        raise ValueError(f"τ²-bench {domain} task {task.id} starts from a message history, which this environment cannot replay")
+        raise ValueError(
+            f"τ²-bench {domain} task {task.id} starts from a message history, which this environment cannot replay"
+        )
     environment = fresh_environment(domain)
     environment.set_state(
         initialization_data=state.initialization_data if state else None,
@@ -64,8 +66,14 @@ def initial_environment(domain: str, task: Any) -> Any:
 
 class Tau2Environment(ToolEnvironment):
     def __init__(
-        self, domain: str, max_turns: int = 50, max_tool_calls_per_turn: int = 8, success_threshold: float = 1.0,
-        user: Responder | None = None, user_temperature: float = 0.0, judge: Responder | None = None,
+        self,
+        domain: str,
+        max_turns: int = 50,
+        max_tool_calls_per_turn: int = 8,
+        success_threshold: float = 1.0,
+        user: Responder | None = None,
+        user_temperature: float = 0.0,
+        judge: Responder | None = None,
     ):
         """``user``: the model that plays the task's user at ``user_temperature`` (None: the scripted user);
         ``judge``: the model that grades the natural-language assertions (None: off)."""
@@ -107,12 +115,16 @@ class Tau2Environment(ToolEnvironment):
         """``tool``, with every call that reaches it and its answer added to the transcript."""
 
         def run(**arguments: Any) -> str:
-            call = self.message_types.ToolCall(id=f"call_{self.log.turns}_{len(self._turn.tool_calls)}", name=tool.name, arguments=arguments)
+            call = self.message_types.ToolCall(
+                id=f"call_{self.log.turns}_{len(self._turn.tool_calls)}", name=tool.name, arguments=arguments
+            )
             self._turn.tool_calls.append(call)
             try:
                 content = tool.fn(**arguments)
             except ToolError as exc:
-                self.transcript.append(self.message_types.ToolMessage(id=call.id, role="tool", content=f"Error: {exc}", error=True))
+                self.transcript.append(
+                    self.message_types.ToolMessage(id=call.id, role="tool", content=f"Error: {exc}", error=True)
+                )
                 raise
             self.transcript.append(self.message_types.ToolMessage(id=call.id, role="tool", content=content))
             return content
@@ -123,7 +135,9 @@ class Tau2Environment(ToolEnvironment):
         """ToolEnvironment's step, plus τ²'s end after ``max_errors`` failed tool calls."""
         self._turn = None
         if assistant_message.get("tool_calls") and not self._done:
-            self._turn = self.message_types.AssistantMessage(role="assistant", content=assistant_message.get("content") or None, tool_calls=[])
+            self._turn = self.message_types.AssistantMessage(
+                role="assistant", content=assistant_message.get("content") or None, tool_calls=[]
+            )
             self.transcript.append(self._turn)
         result = super().step(assistant_message)
         if result.done or len(self.log.tool_errors) < self.max_errors:
@@ -137,7 +151,8 @@ class Tau2Environment(ToolEnvironment):
         return [{"role": "user", "content": reply}], any(token in reply for token in stop_tokens())
 
     def package_trajectory(self) -> list[Any]:
-        """The transcript as the evaluators take it: tool-call turns whose calls all failed validation keep only their text."""
+        """The transcript as the evaluators take it: tool-call turns whose calls all failed validation keep only their
+        text."""
         trajectory = []
         for message in self.transcript:
             if message.role == "assistant" and message.tool_calls == []:
@@ -150,7 +165,9 @@ class Tau2Environment(ToolEnvironment):
     def score(self) -> tuple[float, dict[str, Any]]:
         ended_by_user = self.log.termination == "agent_reply"
         reward, breakdown = score_episode(self.domain, self.task, self.package_trajectory(), ended_by_user, self.judge)
-        breakdown.update(success=reward >= self.success_threshold, termination_reason=TERMINATIONS[self.log.termination])
+        breakdown.update(
+            success=reward >= self.success_threshold, termination_reason=TERMINATIONS[self.log.termination]
+        )
         return reward, breakdown
 
     def task_fingerprint(self) -> str:
@@ -174,7 +191,11 @@ class Tau2Environment(ToolEnvironment):
         turn = self.log.turns
         if turn < len(actions):
             action = actions[turn]
-            call = {"id": f"call_gold_{turn}", "type": "function", "function": {"name": action.name, "arguments": json.dumps(action.arguments)}}
+            call = {
+                "id": f"call_gold_{turn}",
+                "type": "function",
+                "function": {"name": action.name, "arguments": json.dumps(action.arguments)},
+            }
             return {"role": "assistant", "content": None, "tool_calls": [call]}
         if turn == len(actions):
             return {"role": "assistant", "content": oracle_reply(self.task)}
@@ -182,7 +203,11 @@ class Tau2Environment(ToolEnvironment):
 
     def example_exchange(self) -> list[Message]:
         """One call of the ``calculate`` tool both domains have."""
-        call = {"id": "call_example", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "2 * (150 + 35)"}'}}
+        call = {
+            "id": "call_example",
+            "type": "function",
+            "function": {"name": "calculate", "arguments": '{"expression": "2 * (150 + 35)"}'},
+        }
         return [
             {"role": "user", "content": "What do two tickets at $150 plus a $35 bag each cost?"},
             {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -192,7 +217,8 @@ class Tau2Environment(ToolEnvironment):
 
 
 def airline_environment(**options: Any) -> Tau2Environment:
-    """``env=tau2_airline`` (options: max_turns, max_tool_calls_per_turn, success_threshold, user, user_temperature, judge)."""
+    """``env=tau2_airline`` (options: max_turns, max_tool_calls_per_turn, success_threshold, user, user_temperature,
+    judge)."""
     return Tau2Environment("airline", **options)
 
 

@@ -21,9 +21,10 @@ import functools
 import json
 import multiprocessing
 import os
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from environments.self_checks import oracle, play
 from environments.tau2.environment import Tau2Environment, gold_actions, initial_environment, oracle_reply
@@ -89,7 +90,11 @@ def replay_task(domain: str, seed: int) -> GoldReplayRow:
         zero = _zero_components(our_breakdown) or [our_breakdown.get("termination_reason", "?")]
         reasons.append(f"ours: {', '.join(zero)} = 0 (ended by {our_breakdown.get('termination_reason')})")
     if not reasons:
-        reasons.append("gold actions reproduce the gold database" if gold_actions(task) else "no gold actions: the database must stay unchanged")
+        reasons.append(
+            "gold actions reproduce the gold database"
+            if gold_actions(task)
+            else "no gold actions: the database must stay unchanged"
+        )
     return GoldReplayRow(task.id, package_reward, our_reward, "; ".join(reasons))
 
 

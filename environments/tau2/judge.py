@@ -15,7 +15,8 @@ from environments.responder import Responder
 SYSTEM_PROMPT = (
     "You grade a conversation between a customer-service agent and a customer against expected outcomes. "
     "Grade each expected outcome on its own, from what the agent said and did. Answer with a JSON object "
-    '{"results": [{"met": true or false, "reason": "<one sentence>"}]} holding one result per expected outcome, in the given order.'
+    '{"results": [{"met": true or false, "reason": "<one sentence>"}]} holding one result per expected outcome, in the '
+    "given order."
 )
 
 
@@ -42,7 +43,10 @@ class NLAssertionJudge:
         outcomes = "\n".join(f"{index}. {assertion}" for index, assertion in enumerate(assertions, 1))
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Conversation:\n{render_conversation(trajectory)}\n\nExpected outcomes:\n{outcomes}"},
+            {
+                "role": "user",
+                "content": f"Conversation:\n{render_conversation(trajectory)}\n\nExpected outcomes:\n{outcomes}",
+            },
         ]
         answer = self.client.chat(messages, seed=0, temperature=0.0)
         try:

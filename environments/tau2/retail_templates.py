@@ -10,9 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from environments.tau2.synthetic_data import ORDER_STATUSES, CATALOGUE, describe_options
+from environments.tau2.synthetic_data import CATALOGUE, ORDER_STATUSES, describe_options
 from environments.tau2.synthetic_templates import (
-    Action, Fact, Tau2Draft, _check, _confirm, _do_all, _join, _templates, amount_fact, denial_fact, money, text_fact,
+    Action,
+    Fact,
+    Tau2Draft,
+    _check,
+    _confirm,
+    _do_all,
+    _join,
+    _templates,
+    amount_fact,
+    denial_fact,
+    money,
+    text_fact,
 )
 
 
@@ -22,13 +33,19 @@ def _address_text(fields: dict[str, str]) -> str:
 
 
 def _login(draft: Tau2Draft, user: Any) -> str:
-    """The oracle authenticates the user (email, or name and zip) and reads the profile; returns the request's opening."""
+    """The oracle authenticates the user (email, or name and zip) and reads the profile; returns the request's
+    opening."""
     name = f"{user.name.first_name} {user.name.last_name}"
     if draft.rng.random() < 0.5:
         draft.call("find_user_id_by_email", email=user.email)
         opening = f"Hi, I'm {name} and my email is {user.email}."
     else:
-        draft.call("find_user_id_by_name_zip", first_name=user.name.first_name, last_name=user.name.last_name, zip=user.address.zip)
+        draft.call(
+            "find_user_id_by_name_zip",
+            first_name=user.name.first_name,
+            last_name=user.name.last_name,
+            zip=user.address.zip,
+        )
         opening = f"Hi, I'm {name}, zip code {user.address.zip}."
     draft.call("get_user_details", user_id=user.user_id)
     return opening
@@ -62,7 +79,10 @@ def _retail_structured_data_reasoning(draft: Tau2Draft, difficulty: int) -> str:
     dimensions = CATALOGUE[kind]
     old = data.options(kind)
     changed = rng.sample(sorted(dimensions), 1 if difficulty == 1 else 2)
-    wanted = {**old, **{option: rng.choice([value for value in dimensions[option] if value != old[option]]) for option in changed}}
+    wanted = {
+        **old,
+        **{option: rng.choice([value for value in dimensions[option] if value != old[option]]) for option in changed},
+    }
     kept = [option for option in dimensions if option not in changed]
     lookalikes = []  # the wanted options with another one changed too: the first in stock, the second not
     for _ in range(2):
@@ -76,7 +96,9 @@ def _retail_structured_data_reasoning(draft: Tau2Draft, difficulty: int) -> str:
     if abs(new_variant.price - old_variant.price) < 0.01:
         new_variant.price = round(old_variant.price + 5, 2)
     companions = [data.add_product(3)] if difficulty >= 2 else []
-    order = data.add_order(user, "delivered", [(product, old_variant)] + [(p, rng.choice(list(p.variants.values()))) for p in companions])
+    order = data.add_order(
+        user, "delivered", [(product, old_variant)] + [(p, rng.choice(list(p.variants.values()))) for p in companions]
+    )
     if difficulty >= 2:
         data.add_order(user, "pending", [(product, data.variant(product, lookalikes[0]))])
     _distractor_orders(draft, user, difficulty)
@@ -92,13 +114,19 @@ def _retail_structured_data_reasoning(draft: Tau2Draft, difficulty: int) -> str:
     draft.call("get_product_details", product_id=product.product_id)
     difference = round(new_variant.price - old_variant.price, 2)
     direction = "charged to" if difference > 0 else "refunded to"
-    _confirm(draft, [
-        f"exchange the {kind} ({describe_options(old)}) of order {order.order_id} for item {new_variant.item_id} "
-        f"({describe_options(wanted)}), with the price difference of {money(difference)} {direction} your {method}"
-    ])
+    _confirm(
+        draft,
+        [
+            f"exchange the {kind} ({describe_options(old)}) of order {order.order_id} for item {new_variant.item_id} "
+            f"({describe_options(wanted)}), with the price difference of {money(difference)} {direction} your {method}"
+        ],
+    )
     draft.call(
-        "exchange_delivered_order_items", order_id=order.order_id, item_ids=[old_variant.item_id],
-        new_item_ids=[new_variant.item_id], payment_method_id=method_id,
+        "exchange_delivered_order_items",
+        order_id=order.order_id,
+        item_ids=[old_variant.item_id],
+        new_item_ids=[new_variant.item_id],
+        payment_method_id=method_id,
     )
     draft.mark_capability_step()
     draft.say(
@@ -109,7 +137,8 @@ def _retail_structured_data_reasoning(draft: Tau2Draft, difficulty: int) -> str:
     draft.report(amount_fact("the price difference", difference))
     wording = _join([f"{option} {wanted[option]}" for option in changed])
     return (
-        f"{opening} I received my {kind} and I'd like to exchange it for the same one with {wording}, everything else the same. "
+        f"{opening} I received my {kind} and I'd like to exchange it for the same one with {wording}, everything else "
+        "the same. "
         f"Please use my {method} for any price difference."
     )
 
@@ -142,10 +171,19 @@ def _retail_tool_calling_precision(draft: Tau2Draft, difficulty: int) -> str:
     if difficulty == 1:
         reason = rng.choice(sorted(_REASONS))
         total = order.payment_history[0].amount
-        _confirm(draft, [f"cancel order {order.order_id} (reason: {reason}), refunding {money(total)} to your original payment method"])
+        _confirm(
+            draft,
+            [
+                f"cancel order {order.order_id} (reason: {reason}), refunding {money(total)} to your original "
+                "payment method"
+            ],
+        )
         draft.call("cancel_pending_order", order_id=order.order_id, reason=reason)
         draft.mark_capability_step()
-        draft.say(f"Order {order.order_id} is cancelled; {money(total)} will be refunded to your original payment method in 5 to 7 business days.")
+        draft.say(
+            f"Order {order.order_id} is cancelled; {money(total)} will be refunded to your original payment "
+            "method in 5 to 7 business days."
+        )
         draft.report(amount_fact("the refund", total))
         return f"{opening} Please cancel my order {spoken_id}; {rng.choice(_REASONS[reason])}."
     address = data.address_fields()
@@ -163,9 +201,13 @@ def _retail_tool_calling_precision(draft: Tau2Draft, difficulty: int) -> str:
         draft.mark_capability_step()
     default = " It is your default address now as well." if difficulty == 3 else ""
     draft.say(f"Order {order.order_id} will now ship to {text}.{default}")
-    draft.report(text_fact("the new street address", address["address1"]), text_fact("the new zip code", address["zip"]))
+    draft.report(
+        text_fact("the new street address", address["address1"]), text_fact("the new zip code", address["zip"])
+    )
     second = f", {address['address2']}" if address["address2"] else ", no apartment or suite number"
-    spoken = f"{address['address1']}{second}, {address['city']}, {address['state']} {address['zip']}, {address['country']}"
+    spoken = (
+        f"{address['address1']}{second}, {address['city']}, {address['state']} {address['zip']}, {address['country']}"
+    )
     also = " Please also make it my default address." if difficulty == 3 else ""
     return f"{opening} Please ship my order {spoken_id} to {spoken} instead.{also}"
 
@@ -177,51 +219,71 @@ def _retail_action(draft: Tau2Draft, user: Any, kind: str) -> Action:
         address = data.address_fields()
         text = _address_text(address)
         return Action(
-            f"change my default address to {text}", f"change your default address to {text}", f"Your default address is now {text}.",
-            "modify_user_address", {"user_id": user.user_id, **address}, text_fact("the new default street address", address["address1"]),
+            f"change my default address to {text}",
+            f"change your default address to {text}",
+            f"Your default address is now {text}.",
+            "modify_user_address",
+            {"user_id": user.user_id, **address},
+            text_fact("the new default street address", address["address1"]),
         )
     status = "delivered" if kind == "return" else "pending"
     products = [data.add_product(3) for _ in range(2 if kind == "return" else 1)]
-    order = data.add_order(user, status, [(product, rng.choice(list(product.variants.values()))) for product in products])
+    order = data.add_order(
+        user, status, [(product, rng.choice(list(product.variants.values()))) for product in products]
+    )
     order_id, total = order.order_id, order.payment_history[0].amount
     draft.call("get_order_details", order_id=order_id)
     if kind == "cancel":
         reason = rng.choice(sorted(_REASONS))
         return Action(
-            f"cancel order {order_id} because {_REASONS[reason][0]}", f"cancel order {order_id} (reason: {reason})",
+            f"cancel order {order_id} because {_REASONS[reason][0]}",
+            f"cancel order {order_id} (reason: {reason})",
             f"Order {order_id} is cancelled and {money(total)} will be refunded to your credit card.",
-            "cancel_pending_order", {"order_id": order_id, "reason": reason}, amount_fact(f"the refund of {order_id}", total),
+            "cancel_pending_order",
+            {"order_id": order_id, "reason": reason},
+            amount_fact(f"the refund of {order_id}", total),
         )
     if kind == "address":
         address = data.address_fields()
         text = _address_text(address)
         return Action(
-            f"ship order {order_id} to {text}", f"change the shipping address of order {order_id} to {text}",
-            f"Order {order_id} will ship to {text}.", "modify_pending_order_address", {"order_id": order_id, **address},
+            f"ship order {order_id} to {text}",
+            f"change the shipping address of order {order_id} to {text}",
+            f"Order {order_id} will ship to {text}.",
+            "modify_pending_order_address",
+            {"order_id": order_id, **address},
             text_fact(f"the new street of {order_id}", address["address1"]),
         )
     if kind == "payment":
         gift = data.payment_method(user, "gift_card")
         user.payment_methods[gift].balance = round(total + rng.uniform(5, 100), 2)
         return Action(
-            f"pay for order {order_id} with my gift card instead", f"pay order {order_id} ({money(total)}) with your gift card",
+            f"pay for order {order_id} with my gift card instead",
+            f"pay order {order_id} ({money(total)}) with your gift card",
             f"Order {order_id} is now paid with your gift card ({money(total)}); the credit card will be refunded.",
-            "modify_pending_order_payment", {"order_id": order_id, "payment_method_id": gift},
+            "modify_pending_order_payment",
+            {"order_id": order_id, "payment_method_id": gift},
             amount_fact(f"the amount paid by gift card for {order_id}", total),
         )
     item = order.items[0]
     return Action(
         f"return the {item.name} from order {order_id} to my original payment method",
         f"return the {item.name} of order {order_id}, refunding {money(item.price)} to your original payment method",
-        f"The return of the {item.name} from order {order_id} is requested; {money(item.price)} goes back to your original payment method.",
+        f"The return of the {item.name} from order {order_id} is requested; {money(item.price)} goes back to your "
+        "original payment method.",
         "return_delivered_order_items",
-        {"order_id": order_id, "item_ids": [item.item_id], "payment_method_id": order.payment_history[0].payment_method_id},
+        {
+            "order_id": order_id,
+            "item_ids": [item.item_id],
+            "payment_method_id": order.payment_history[0].payment_method_id,
+        },
         amount_fact(f"the refund for the {item.name}", item.price),
     )
 
 
 def _retail_multi_step_task_completion(draft: Tau2Draft, difficulty: int) -> str:
-    """2 / 3 / 4 different actions in one request (cancel, new shipping address, return, pay by gift card, default address).
+    """2 / 3 / 4 different actions in one request (cancel, new shipping address, return, pay by gift card, default
+    address).
 
     Each acts on its own order, besides a distractor order. One confirmation
     lists them all; the final reply reports each one's fact. Marked: every
@@ -250,7 +312,9 @@ def _retail_precondition_verification(draft: Tau2Draft, difficulty: int) -> str:
     data, rng = draft.data, draft.rng
     action = rng.choice(["cancel", "address"])
     user, stranger = data.add_user(), data.add_user()  # the stranger owns the orders the user names by mistake
-    bad = {1: ["other_user"], 2: ["other_user", rng.choice(["other_user", "status"])], 3: ["other_user", "status"]}[difficulty]
+    bad = {1: ["other_user"], 2: ["other_user", rng.choice(["other_user", "status"])], 3: ["other_user", "status"]}[
+        difficulty
+    ]
     kinds = ["eligible"] * (difficulty + 1 - len(bad)) + bad
     rng.shuffle(kinds)
     address = data.address_fields()
@@ -280,13 +344,25 @@ def _retail_precondition_verification(draft: Tau2Draft, difficulty: int) -> str:
     eligible = [order for kind, order in orders if kind == "eligible"]
     if action == "cancel":
         refunds = {order.order_id: order.payment_history[0].amount for order in eligible}
-        _confirm(draft, [f"cancel order {order_id} (reason: {reason}), refunding {money(refund)}" for order_id, refund in refunds.items()])
-        replies = [f"Order {order_id} is cancelled and {money(refund)} will be refunded." for order_id, refund in refunds.items()]
+        _confirm(
+            draft,
+            [
+                f"cancel order {order_id} (reason: {reason}), refunding {money(refund)}"
+                for order_id, refund in refunds.items()
+            ],
+        )
+        replies = [
+            f"Order {order_id} is cancelled and {money(refund)} will be refunded."
+            for order_id, refund in refunds.items()
+        ]
         facts = [amount_fact(f"the refund of {order_id}", refund) for order_id, refund in refunds.items()]
     else:
         _confirm(draft, [f"ship order {order.order_id} to {text}" for order in eligible])
         replies = [f"Order {order.order_id} will now ship to {text}." for order in eligible]
-        facts = [Fact(f"the new address of {order.order_id}", ((order.order_id.lstrip("#"),), (address["address1"],))) for order in eligible]
+        facts = [
+            Fact(f"the new address of {order.order_id}", ((order.order_id.lstrip("#"),), (address["address1"],)))
+            for order in eligible
+        ]
     for order in eligible:
         tool, arguments = write(order)
         draft.call(tool, **arguments)
@@ -317,7 +393,9 @@ def _retail_information_reporting(draft: Tau2Draft, difficulty: int) -> str:
     _distractor_orders(draft, user, difficulty)
     shipped = data.add_simple_order(user, rng.choice(["processed", "delivered"]))
     bought = data.add_product(3)
-    paid = data.add_order(user, rng.choice(["pending", "delivered"]), [(bought, rng.choice(list(bought.variants.values())))])
+    paid = data.add_order(
+        user, rng.choice(["pending", "delivered"]), [(bought, rng.choice(list(bought.variants.values())))]
+    )
     store = data.add_product(3 + difficulty)
     asked = rng.choice(list(store.variants.values()))
     rng.shuffle(user.orders)
@@ -330,7 +408,13 @@ def _retail_information_reporting(draft: Tau2Draft, difficulty: int) -> str:
             questions.append(f"the status of order {shipped.order_id} and its tracking number")
             answers.append(f"Order {shipped.order_id} is {shipped.status}, tracking number {tracking}.")
             rivals = tuple(other for other in ORDER_STATUSES if other != shipped.status)
-            draft.report(Fact(f"the status and tracking number of {shipped.order_id}", ((shipped.status,), (tracking,)), rivals=rivals))
+            draft.report(
+                Fact(
+                    f"the status and tracking number of {shipped.order_id}",
+                    ((shipped.status,), (tracking,)),
+                    rivals=rivals,
+                )
+            )
         elif kind == "gift_balance":
             gift = user.payment_methods[data.payment_method(user, "gift_card")]
             questions.append("how much is left on my gift card")
@@ -354,10 +438,12 @@ def _retail_information_reporting(draft: Tau2Draft, difficulty: int) -> str:
     return f"{opening} Could you tell me {_join(questions)}?"
 
 
-RETAIL_TEMPLATES = _templates({
-    "structured_data_reasoning": _retail_structured_data_reasoning,
-    "tool_calling_precision": _retail_tool_calling_precision,
-    "multi_step_task_completion": _retail_multi_step_task_completion,
-    "precondition_verification": _retail_precondition_verification,
-    "information_reporting": _retail_information_reporting,
-})
+RETAIL_TEMPLATES = _templates(
+    {
+        "structured_data_reasoning": _retail_structured_data_reasoning,
+        "tool_calling_precision": _retail_tool_calling_precision,
+        "multi_step_task_completion": _retail_multi_step_task_completion,
+        "precondition_verification": _retail_precondition_verification,
+        "information_reporting": _retail_information_reporting,
+    }
+)

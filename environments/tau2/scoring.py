@@ -50,7 +50,9 @@ def score_episode(
         "ENV_ASSERTION": float(all(check.met for check in env_result.env_assertions or [])),
         "ACTION": action_result.reward,
         "COMMUNICATE": communicate_result.reward,
-        "NL_ASSERTION": float(all(verdict["met"] for verdict in verdicts)) if verdicts is not None else (None if assertions else 1.0),
+        "NL_ASSERTION": float(all(verdict["met"] for verdict in verdicts))
+        if verdicts is not None
+        else (None if assertions else 1.0),
     }
     basis = [kind.value for kind in criteria.reward_basis] if criteria else []
     reward = 1.0

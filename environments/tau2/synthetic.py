@@ -27,11 +27,12 @@ from typing import Any
 
 from environments.protocol import Message
 from environments.synthetic.seeds import TemplateSeeds
+from environments.synthetic.template import CapabilityTemplate
 from environments.tau2.airline_templates import AIRLINE_TEMPLATES
 from environments.tau2.package import agent_tools
 from environments.tau2.retail_templates import RETAIL_TEMPLATES
-from environments.tau2.synthetic_templates import Tau2Draft, Tau2Task, Tau2Template, package_environment
 from environments.tau2.synthetic_data import DATABASE_MODELS, empty_database
+from environments.tau2.synthetic_templates import Tau2Draft, Tau2Task, package_environment
 from environments.tool_environment import Tool, ToolEnvironment
 
 SPLIT_SEEDS = {"analysis": tuple(range(600_000, 600_032)), "eval": tuple(range(600_032, 600_064))}
@@ -42,12 +43,14 @@ CONFIRMATION = "Yes, please go ahead."
 TEMPLATES = {"airline": AIRLINE_TEMPLATES, "retail": RETAIL_TEMPLATES}  # domain -> capability -> template
 
 
-def tau2_template(domain: str, capability: str) -> Tau2Template:
+def tau2_template(domain: str, capability: str) -> CapabilityTemplate:
     if domain not in TEMPLATES:
         raise ValueError(f"no τ²-bench templates for domain {domain!r}; choose one of: {', '.join(TEMPLATES)}")
     templates = TEMPLATES[domain]
     if capability not in templates:
-        raise ValueError(f"no {domain} template for capability {capability!r}; templates: {', '.join(sorted(templates))}")
+        raise ValueError(
+            f"no {domain} template for capability {capability!r}; templates: {', '.join(sorted(templates))}"
+        )
     return templates[capability]
 
 
@@ -60,7 +63,9 @@ def make_task(domain: str, capability: str, difficulty: int, seed: int) -> Tau2T
     return draft.finish(capability, request)
 
 
-def score_task(task: Tau2Task, db_hash: str, final_reply: str, success_threshold: float) -> tuple[float, dict[str, Any]]:
+def score_task(
+    task: Tau2Task, db_hash: str, final_reply: str, success_threshold: float
+) -> tuple[float, dict[str, Any]]:
     """The reward of an episode that ended with database hash ``db_hash`` and ``final_reply``, and its breakdown."""
     state_ok = db_hash == task.expected_hash
     reference = task.oracle[-1].get("content") or ""
@@ -74,24 +79,38 @@ def score_task(task: Tau2Task, db_hash: str, final_reply: str, success_threshold
     state = "the database matches the expected changes" if task.writes else "the database is unchanged"
     milestones = [{"name": state, "reached": state_ok}]
     milestones += [{"name": f"reported {fact.name}", "reached": ok} for fact, ok in zip(task.facts, reported)]
-    return reward, {"milestones": milestones, "score": reward, "success": reward >= success_threshold, "family": f"synthetic/{task.capability}"}
+    return reward, {
+        "milestones": milestones,
+        "score": reward,
+        "success": reward >= success_threshold,
+        "family": f"synthetic/{task.capability}",
+    }
 
 
 class Tau2TemplateEnvironment(TemplateSeeds, ToolEnvironment):
     split_seeds, train_seed_offset = SPLIT_SEEDS, TRAIN_SEED_OFFSET
 
     def __init__(
-        self, capability: str, difficulty: int, max_turns: int = 50, max_tool_calls_per_turn: int = 8,
-        success_threshold: float = 1.0, *, domain: str,
+        self,
+        capability: str,
+        difficulty: int,
+        max_turns: int = 50,
+        max_tool_calls_per_turn: int = 8,
+        success_threshold: float = 1.0,
+        *,
+        domain: str,
     ):
         super().__init__(max_turns=max_turns, max_tool_calls_per_turn=max_tool_calls_per_turn)
         self.template = tau2_template(domain, capability)
         if difficulty not in self.template.difficulties:
-            raise ValueError(f"difficulty {difficulty} of {capability!r} is not one of {list(self.template.difficulties)}")
+            raise ValueError(
+                f"difficulty {difficulty} of {capability!r} is not one of {list(self.template.difficulties)}"
+            )
         self.domain, self.difficulty, self.success_threshold = domain, difficulty, success_threshold
         self.name = f"synthetic/{capability}"
         self.task: Tau2Task | None = None
-        # one package environment (its toolkit, policy and our tools) per instance; each episode puts a fresh database under it
+        # one package environment (its toolkit, policy and our tools) per instance; each episode puts a fresh database
+        # under it
         self._package = package_environment(domain, empty_database(domain))
         self._package_tools = agent_tools(self._package)
         self._answers = 0
@@ -105,13 +124,17 @@ class Tau2TemplateEnvironment(TemplateSeeds, ToolEnvironment):
         self.task = self.make_task(seed)
         self._package.tools.db = DATABASE_MODELS[self.domain].model_validate(self.task.db)
         self._answers = 0
-        messages = [{"role": "system", "content": self._package.get_policy()}, {"role": "user", "content": self.task.request}]
+        messages = [
+            {"role": "system", "content": self._package.get_policy()},
+            {"role": "user", "content": self.task.request},
+        ]
         task_id = f"tau2_{self.domain}-{self.template.capability}-{seed}"
         info = {"task_id": task_id, "family": self.name, "seed": seed, "difficulty": self.difficulty}
         return messages, self._package_tools, info
 
     def on_agent_reply(self, text: str) -> tuple[list[Message], bool]:
-        """The user says yes to a question while the task is not done (at most MAX_ANSWERS times); any other reply ends it."""
+        """The user says yes to a question while the task is not done (at most MAX_ANSWERS times); any other reply ends
+        it."""
         unfinished = self._package.get_db_hash() != self.task.expected_hash
         if "?" in text and unfinished and self._answers < MAX_ANSWERS:
             self._answers += 1
@@ -126,7 +149,14 @@ class Tau2TemplateEnvironment(TemplateSeeds, ToolEnvironment):
         if self.task is None:
             raise RuntimeError("task_fingerprint() called before reset(seed)")
         task = self.task
-        content = [task.request, task.db, task.oracle, [vars(fact) for fact in task.facts], task.capability_turns, task.expected_hash]
+        content = [
+            task.request,
+            task.db,
+            task.oracle,
+            [vars(fact) for fact in task.facts],
+            task.capability_turns,
+            task.expected_hash,
+        ]
         return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
 
     # -- demonstrations -------------------------------------------------------------------
@@ -145,7 +175,11 @@ class Tau2TemplateEnvironment(TemplateSeeds, ToolEnvironment):
         return self.task.broken_turns.get(turn)
 
     def example_exchange(self) -> list[Message]:
-        call = {"id": "call_example", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "12 + 30"}'}}
+        call = {
+            "id": "call_example",
+            "type": "function",
+            "function": {"name": "calculate", "arguments": '{"expression": "12 + 30"}'},
+        }
         return [
             {"role": "user", "content": "What is 12 + 30?"},
             {"role": "assistant", "content": None, "tool_calls": [call]},

@@ -13,7 +13,7 @@ expected final state. Every template draws all its randomness from
 
 This module holds what the templates share: the facts the final reply must
 report (:class:`Fact` and its helpers), :class:`Tau2Task`, :class:`Tau2Draft`,
-:class:`Tau2Template`, the multi-step :class:`Action` with the confirmation
+:class:`~environments.synthetic.template.CapabilityTemplate`, the multi-step :class:`Action` with the confirmation
 helpers, and the capability descriptions. The templates themselves are in
 ``airline_templates.py`` (``AIRLINE_TEMPLATES``) and ``retail_templates.py``
 (``RETAIL_TEMPLATES``).
@@ -25,10 +25,12 @@ import functools
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from environments.protocol import Message
+from environments.synthetic.template import CapabilityTemplate
 from environments.tau2.package import agent_tools, domain_module
 from environments.tau2.synthetic_data import AirlineData, RetailData, empty_database
 from environments.tool_environment import check_arguments
@@ -41,8 +43,22 @@ _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 # an amount or count: at most six digits before the point, not part of an id, a date, a time or a long number
 _AMOUNT = re.compile(r"(?<![\w#/:.-])(\d{1,3}(?:,\d{3})+|\d{1,6})(\.\d+)?(?![\w/:-]|\.\d|,\d{3})")
 NEGATIONS = (
-    "cannot", "can't", "can not", "could not", "couldn't", "unable", "not able", "not eligible", "ineligible",
-    "not possible", "not allowed", "won't", "did not", "didn't", "declined", "denied",
+    "cannot",
+    "can't",
+    "can not",
+    "could not",
+    "couldn't",
+    "unable",
+    "not able",
+    "not eligible",
+    "ineligible",
+    "not possible",
+    "not allowed",
+    "won't",
+    "did not",
+    "didn't",
+    "declined",
+    "denied",
 )
 
 
@@ -158,7 +174,8 @@ class Tau2Draft:
         self.oracle.append({"role": "assistant", "content": text})
 
     def mark_capability_step(self, instead: tuple[str, dict[str, Any]] | None = None) -> None:
-        """Mark the last oracle turn as the capability's step; ``instead``: the wrong call that breaks it (else corrupted)."""
+        """Mark the last oracle turn as the capability's step; ``instead``: the wrong call that breaks it (else
+        corrupted)."""
         turn = len(self.oracle) - 1
         self.capability_turns.append(turn)
         if instead is not None:
@@ -183,25 +200,27 @@ class Tau2Draft:
                         raise ValueError(problem)
                     environment.use_tool(name, **arguments)
                 except Exception as exc:  # the package refuses by raising
-                    raise RuntimeError(f"the {capability} template's oracle call {name}({arguments}) failed: {exc}") from None
+                    raise RuntimeError(
+                        f"the {capability} template's oracle call {name}({arguments}) failed: {exc}"
+                    ) from None
         return Tau2Task(
-            self.domain, capability, request, dump, tuple(self.oracle), tuple(self.facts), tuple(self.capability_turns),
-            dict(self.broken_turns), initial_hash, environment.get_db_hash(),
+            self.domain,
+            capability,
+            request,
+            dump,
+            tuple(self.oracle),
+            tuple(self.facts),
+            tuple(self.capability_turns),
+            dict(self.broken_turns),
+            initial_hash,
+            environment.get_db_hash(),
         )
 
 
 @dataclass(frozen=True)
-class Tau2Template:
-    capability: str
-    description: str
-    build: Callable[[Tau2Draft, int], str]  # (draft, difficulty) -> the user's request
-    difficulties: tuple[int, ...] = DIFFICULTIES
-    default_difficulty: int = 2
-
-
-@dataclass(frozen=True)
 class Action:
-    """One write of a multi-step request: how the user asks, the confirmation item, the reply sentence, the call, its fact."""
+    """One write of a multi-step request: how the user asks, the confirmation item, the reply sentence, the call, its
+    fact."""
 
     clause: str
     confirmation: str
@@ -225,7 +244,8 @@ def _confirm(draft: Tau2Draft, actions: list[str]) -> None:
 
 
 def _do_all(draft: Tau2Draft, actions: list[Action]) -> str:
-    """One confirmation for every action, the writes (each after the first marked), one reply; returns the request's list."""
+    """One confirmation for every action, the writes (each after the first marked), one reply; returns the request's
+    list."""
     _confirm(draft, [action.confirmation for action in actions])
     for index, action in enumerate(actions):
         draft.call(action.tool, **action.arguments)
@@ -239,20 +259,25 @@ def _do_all(draft: Tau2Draft, actions: list[Action]) -> str:
 
 DESCRIPTIONS = {
     "structured_data_reasoning": (
-        "Find the record the user means in nested tool results (order, variant, reservation) and use its exact fields with the policy's rules."
+        "Find the record the user means in nested tool results (order, variant, reservation) and use its exact fields "
+        "with the policy's rules."
     ),
     "tool_calling_precision": (
-        "Call the right write tool with exactly the values the user gave, in the tool's formats (ids, enums, dates, addresses, whole lists)."
+        "Call the right write tool with exactly the values the user gave, in the tool's formats (ids, enums, dates, "
+        "addresses, whole lists)."
     ),
     "multi_step_task_completion": (
-        "Carry out every action of a request that asks for several, across orders or reservations, instead of stopping after the first."
+        "Carry out every action of a request that asks for several, across orders or reservations, instead of stopping "
+        "after the first."
     ),
     "precondition_verification": (
-        "Check the policy's preconditions (status, ownership, cancellation rules) before writing, act only where they hold, and say where not."
+        "Check the policy's preconditions (status, ownership, cancellation rules) before writing, act only where they "
+        "hold, and say where not."
     ),
-    "information_reporting": "Tell the user the facts asked for (statuses, amounts, balances, prices) correctly in the final reply.",
+    "information_reporting": "Tell the user the facts asked for (statuses, amounts, balances, prices) correctly in the "
+    "final reply.",
 }
 
 
-def _templates(builders: dict[str, Callable[[Tau2Draft, int], str]]) -> dict[str, Tau2Template]:
-    return {name: Tau2Template(name, DESCRIPTIONS[name], build) for name, build in builders.items()}
+def _templates(builders: dict[str, Callable[[Tau2Draft, int], str]]) -> dict[str, CapabilityTemplate[Tau2Draft, str]]:
+    return {name: CapabilityTemplate(name, DESCRIPTIONS[name], build, DIFFICULTIES) for name, build in builders.items()}

@@ -52,6 +52,7 @@ def task_for_seed(domain: str, seed: int) -> Any:
     tasks = domain_tasks(domain)
     if seed not in tasks:
         raise ValueError(
-            f"seed {seed} is no τ²-bench {domain} task; use task ids 0..{max(tasks)} or train_seed(index) (>= {TRAIN_SEED_OFFSET})"
+            f"seed {seed} is no τ²-bench {domain} task; use task ids 0..{max(tasks)} or train_seed(index) (>= "
+            f"{TRAIN_SEED_OFFSET})"
         )
     return tasks[seed]

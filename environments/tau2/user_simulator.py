@@ -43,7 +43,12 @@ def transferred(conversation: list[Any]) -> bool:
     since_user = []
     for message in conversation:
         since_user = [] if message.role == "user" else since_user + [message]
-    transfer_ids = {call.id for message in since_user for call in (getattr(message, "tool_calls", None) or []) if call.name == TRANSFER_TOOL}
+    transfer_ids = {
+        call.id
+        for message in since_user
+        for call in (getattr(message, "tool_calls", None) or [])
+        if call.name == TRANSFER_TOOL
+    }
     return any(message.role == "tool" and message.id in transfer_ids and not message.error for message in since_user)
 
 
@@ -82,7 +87,8 @@ def guidelines() -> str:
 
 
 def user_view(conversation: list[Any]) -> list[dict[str, str]]:
-    """The conversation as the simulated user's own chat: the agent's texts are its prompts, its messages its replies."""
+    """The conversation as the simulated user's own chat: the agent's texts are its prompts, its messages its
+    replies."""
     chat = []
     for message in conversation:
         if message.role in ("assistant", "user") and message.content:

@@ -6,13 +6,13 @@ import os
 
 from rich.progress import Progress
 
+from environments.errors import TraceRayError
 from environments.registry import make_environment
 from environments.self_checks import CheckResult, run_self_checks
 from environments.synthetic.factory import read_spec
 from trace_ray.config import TAU2_ENVS, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
-from environments.errors import TraceRayError
 
 HELP = (
     "run an environment's self-checks (oracle = 1.0, weak agents < 1.0, determinism, schemas; synthetic: target tools, "
@@ -29,7 +29,8 @@ def target_tools(config: TraceConfig) -> list | None:
 
 
 def run_gold_replay(config: TraceConfig) -> None:
-    """τ²-bench targets: the package's score of each task's gold actions beside ours (see environments/tau2/gold_replay.py).
+    """τ²-bench targets: the package's score of each task's gold actions beside ours (see
+    environments/tau2/gold_replay.py).
 
     The weak-agent checks do not apply to a fixed benchmark: some tasks are
     solved by refusing, which a do-nothing agent does too.
@@ -49,7 +50,16 @@ def run_gold_replay(config: TraceConfig) -> None:
     print_table(
         f"gold replay of env={config.env.name} ({len(rows)} tasks, scripted user)",
         ["task", "package reward", "ours", "match", "reason"],
-        [(row.task_id, f"{row.package_reward:.1f}", f"{row.our_reward:.1f}", "yes" if row.match else "NO", row.reason) for row in rows],
+        [
+            (
+                row.task_id,
+                f"{row.package_reward:.1f}",
+                f"{row.our_reward:.1f}",
+                "yes" if row.match else "NO",
+                row.reason,
+            )
+            for row in rows
+        ],
     )
     package_passes = sum(row.package_reward == 1.0 for row in rows)
     our_passes = sum(row.our_reward == 1.0 for row in rows)
@@ -60,7 +70,8 @@ def run_gold_replay(config: TraceConfig) -> None:
     )
     if regressions:
         raise TraceRayError(
-            f"env={config.env.name}: our adapter scores below 1.0 where the package's gold actions score 1.0 on task(s) "
+            f"env={config.env.name}: our adapter scores below 1.0 where the package's gold actions score 1.0 on "
+            "task(s) "
             f"{', '.join(regressions)}; see the table above"
         )
 
@@ -71,7 +82,8 @@ def run(config: TraceConfig) -> None:
         return
     make_env = environment_maker(config.env)
     env = make_env()
-    seeds = (env.task_seeds("analysis") + env.task_seeds("eval"))[: config.limit]  # limit=N: the first N tasks (null: all)
+    # limit=N: the first N tasks (null: all)
+    seeds = (env.task_seeds("analysis") + env.task_seeds("eval"))[: config.limit]
     workers = config.check_workers or os.cpu_count() or 1
     console.print(f"self-checks of env={config.env.name}: {len(seeds)} tasks per agent, {workers} episode(s) at a time")
     with Progress(console=console, transient=True) as progress:
@@ -84,8 +96,15 @@ def run(config: TraceConfig) -> None:
             progress.update(episodes, advance=1, description=f"{agent} agent, episodes played")
 
         try:
-            results = run_self_checks(make_env, seeds, target_tools=target_tools(config), workers=workers,
-                                      on_check=on_check, on_episode=on_episode, agents=config.check_agents)
+            results = run_self_checks(
+                make_env,
+                seeds,
+                target_tools=target_tools(config),
+                workers=workers,
+                on_check=on_check,
+                on_episode=on_episode,
+                agents=config.check_agents,
+            )
         except ValueError as exc:
             raise TraceRayError(f"check_agents: {exc}; name some of them, or null for all") from None
     print_table(
@@ -95,5 +114,7 @@ def run(config: TraceConfig) -> None:
     )
     failed = [result.name for result in results if not result.passed]
     if failed:
-        raise TraceRayError(f"env={config.env.name} failed {len(failed)} self-check(s): {', '.join(failed)}; see the table above")
+        raise TraceRayError(
+            f"env={config.env.name} failed {len(failed)} self-check(s): {', '.join(failed)}; see the table above"
+        )
     console.print(f"all {len(results)} self-checks passed")

@@ -12,9 +12,9 @@ import sys
 
 from omegaconf import OmegaConf
 
+from environments.errors import TraceRayError
 from trace_ray.config_compose import compose_config, config_groups, sweep_jobs
 from trace_ray.console import console, print_error
-from environments.errors import TraceRayError
 
 COMMANDS = {
     "check-env": "trace_ray.app.check_env",

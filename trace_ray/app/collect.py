@@ -45,7 +45,9 @@ def run(config: TraceConfig) -> None:
         console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} episodes already in {store.directory}")
     if todo:
         rollouts = start_rollout_service(config)
-        params = SamplingParams(config.temperature, config.top_p, config.model.sampling.max_new_tokens, seed=config.seed)
+        params = SamplingParams(
+            config.temperature, config.top_p, config.model.sampling.max_new_tokens, seed=config.seed
+        )
         pending: list[dict] = []
 
         def on_done(result) -> None:
@@ -57,7 +59,9 @@ def run(config: TraceConfig) -> None:
 
         try:
             with Progress(console=console, transient=True) as progress:
-                bar = progress.add_task(f"collecting {config.env.name}/{config.split} with {config.model.name}", total=len(todo))
+                bar = progress.add_task(
+                    f"collecting {config.env.name}/{config.split} with {config.model.name}", total=len(todo)
+                )
                 rollouts.episodes(todo, params, on_done)
         finally:
             rollouts.close()
@@ -70,8 +74,12 @@ def print_summary(store: TrajectoryStore, config: TraceConfig) -> None:
     table = store.read()
     rows = summarize(list(zip(*(table.column(name).to_pylist() for name in ("family", "reward", "success")))))
     print_table(
-        f"collected {config.env.name}/{config.split} with {config.model.name} (T={config.temperature}, top_p={config.top_p})",
+        f"collected {config.env.name}/{config.split} with {config.model.name} (T={config.temperature}, "
+        f"top_p={config.top_p})",
         ["family", "episodes", "perfect", "successes", "success rate", "mean reward"],
-        [(r.group, r.episodes, r.perfect, r.successes, f"{r.success_rate:.3f}", f"{r.mean_similarity:.3f}") for r in rows],
+        [
+            (r.group, r.episodes, r.perfect, r.successes, f"{r.success_rate:.3f}", f"{r.mean_similarity:.3f}")
+            for r in rows
+        ],
     )
     console.print(f"trajectories: {store.directory} ({len(table)} episodes)")

@@ -37,38 +37,53 @@ import json
 from pathlib import Path
 
 from actors.model_tasks import on_model_worker, play_options
+from environments.errors import TraceRayError
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.capabilities.selection_file import read_selection
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
-from environments.errors import TraceRayError
 from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts
 from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
-from trace_ray.evaluation.transcripts import write_episodes, write_predictions, write_wins
 from trace_ray.evaluation.report import (
-    COMPARISON_HEADER, GRPO_METHOD, ROUTING_HEADER, TABLE_HEADER, MethodScores, comparison_rows, evaluation_report, report_markdown, routing_cells,
+    COMPARISON_HEADER,
+    GRPO_METHOD,
+    ROUTING_HEADER,
+    TABLE_HEADER,
+    MethodScores,
+    comparison_rows,
+    evaluation_report,
+    report_markdown,
+    routing_cells,
     table_rows,
 )
+from trace_ray.evaluation.transcripts import write_episodes, write_predictions, write_wins
 from trace_ray.rollout_loop import EpisodeResult
-from trace_ray.training.training_log import read_metrics
 from trace_ray.routing.adapters import TrainedAdapter, trained_adapters
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate
 from trace_ray.routing.logit_router import BASE
 from trace_ray.routing.lora_moe import moe_engine
 from trace_ray.routing.routers import auto_router, logit_router
 from trace_ray.routing.selection import routing_summary
+from trace_ray.training.training_log import read_metrics
 
-HELP = "evaluate the base model, each adapter, TRACE with each router, the oracle router and two baselines on the held-out split"
+HELP = (
+    "evaluate the base model, each adapter, TRACE with each router, the oracle router and two baselines on the "
+    "held-out split"
+)
 
 
 def scores(name: str, results: list[EpisodeResult], rollouts: int) -> MethodScores:
-    return MethodScores(name, [r.family for r in results], [r.reward for r in results], [r.success for r in results], rollouts)
+    return MethodScores(
+        name, [r.family for r in results], [r.reward for r in results], [r.success for r in results], rollouts
+    )
 
 
-def router_choices(config: TraceConfig, run_dir: Path, adapters: list[TrainedAdapter], observations) -> tuple[dict, dict, str | None]:
+def router_choices(
+    config: TraceConfig, run_dir: Path, adapters: list[TrainedAdapter], observations
+) -> tuple[dict, dict, str | None]:
     """Router name -> its choice per task; router name -> why it could not route; and router=auto's fallback (the option
     best on the training split; None without a selection). Run on a Ray model worker."""
     from trace_ray.models import assigned_device, load_model
@@ -129,7 +144,10 @@ def run(config: TraceConfig) -> None:
     if fallback:
         routed[f"always {fallback} (best on {config.router.train_split})"] = [fallback] * len(seeds)
     routed["oracle router"] = oracle
-    routing = {name: routing_summary(picks, option_rewards, config.evaluate.confidence, config.seed) for name, picks in routed.items()}
+    routing = {
+        name: routing_summary(picks, option_rewards, config.evaluate.confidence, config.seed)
+        for name, picks in routed.items()
+    }
     episodes = {"base": [played[s][BASE] for s in seeds]}  # what each method played itself (routers reuse these)
     episodes.update({f"adapter:{a.name}": [played[s][a.name] for s in seeds] for a in adapters})
     try:
@@ -143,7 +161,9 @@ def run(config: TraceConfig) -> None:
     if config.evaluate.grpo_baseline in options:
         training[GRPO_METHOD] = read_metrics(baseline)
         baseline_rollouts = sum(row["rollouts"] for row in training[GRPO_METHOD])
-        methods.append(scores(GRPO_METHOD, [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts))
+        methods.append(
+            scores(GRPO_METHOD, [played[s][config.evaluate.grpo_baseline] for s in seeds], baseline_rollouts)
+        )
         episodes[GRPO_METHOD] = [played[s][config.evaluate.grpo_baseline] for s in seeds]
     methods.append(scores("prompt injection", [injected[s][BASE] for s in seeds], 0))
     episodes["prompt injection"] = [injected[s][BASE] for s in seeds]
@@ -154,20 +174,42 @@ def run(config: TraceConfig) -> None:
     notes = [
         "Training rollouts: GRPO episodes recorded in each adapter's metrics.parquet (TRACE: all capability adapters); "
         "identification's collected trajectories and synthesis calibration are not counted.",
-        f"Cov vs Delta of the identified capabilities: {run_dir / 'capabilities' / 'cov_vs_delta.png'} (trace-ray identify).",
+        f"Cov vs Delta of the identified capabilities: {run_dir / 'capabilities' / 'cov_vs_delta.png'} (trace-ray "
+        "identify).",
         f"Routers choose once per task from its first observation; routing from {', '.join(choices)} is scored "
         "from the chosen option's greedy episode.",
     ]
     folder = run_dir / "eval"
-    write_json(folder / "report.json", {
-        "model": config.model.name, "env": config.env.name, "split": config.split, "tasks": len(seeds),
-        "confidence": config.evaluate.confidence, **report, "routing": routing, "not_evaluated": unavailable,
-        "choices": {**choices, "oracle": oracle}, "seeds": seeds,
-    })
+    write_json(
+        folder / "report.json",
+        {
+            "model": config.model.name,
+            "env": config.env.name,
+            "split": config.split,
+            "tasks": len(seeds),
+            "confidence": config.evaluate.confidence,
+            **report,
+            "routing": routing,
+            "not_evaluated": unavailable,
+            "choices": {**choices, "oracle": oracle},
+            "seeds": seeds,
+        },
+    )
     with atomic_path(folder / "report.md") as scratch:
-        Path(scratch).write_text(report_markdown(title, {**report, "routing": routing, "training": training}, unavailable, notes), encoding="utf-8")
-    write_episodes(folder / "episodes.parquet", episodes, {"split": config.split, "env": config.env.name, "model": config.model.name})
-    write_wins(folder / "transcripts.md", episodes["base"], {name: results for name, results in episodes.items() if name != "base"})
+        Path(scratch).write_text(
+            report_markdown(title, {**report, "routing": routing, "training": training}, unavailable, notes),
+            encoding="utf-8",
+        )
+    write_episodes(
+        folder / "episodes.parquet",
+        episodes,
+        {"split": config.split, "env": config.env.name, "model": config.model.name},
+    )
+    write_wins(
+        folder / "transcripts.md",
+        episodes["base"],
+        {name: results for name, results in episodes.items() if name != "base"},
+    )
     write_predictions(folder / "predictions", episodes, config.model.name)  # code-repair targets: SWE-bench predictions
     plot_methods(rows, folder / "methods.png")
     curves = {name: [(r["iteration"], r["reward_mean"]) for r in rows] for name, rows in history.items()}
@@ -181,11 +223,17 @@ def print_report(folder: Path) -> None:
     title = f"{report['model']} on {report['env']}/{report['split']}: {report['tasks']} tasks, greedy"
     print_table(title, TABLE_HEADER, table_rows(report["methods"]))
     if report["comparisons"]:
-        print_table(f"TRACE against GRPO on target and the best single adapter ({report['best_adapter']})",
-                    COMPARISON_HEADER, comparison_rows(report["comparisons"]))
+        print_table(
+            f"TRACE against GRPO on target and the best single adapter ({report['best_adapter']})",
+            COMPARISON_HEADER,
+            comparison_rows(report["comparisons"]),
+        )
     if report.get("routing"):
-        print_table("routing (ties count as correct; regret: the best option's reward minus the chosen one's)", ROUTING_HEADER,
-                    [(name, *routing_cells(result)) for name, result in report["routing"].items()])
+        print_table(
+            "routing (ties count as correct; regret: the best option's reward minus the chosen one's)",
+            ROUTING_HEADER,
+            [(name, *routing_cells(result)) for name, result in report["routing"].items()],
+        )
     for name, reason in report["not_evaluated"].items():
         console.print(f"not evaluated: {name}: {reason}")
     console.print(f"report: {folder / 'report.md'}")

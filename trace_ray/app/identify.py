@@ -21,13 +21,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from environments.capabilities import CAPABILITIES
+from environments.errors import TraceRayError
 from environments.synthetic.factory import target_templates
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.capabilities import plots
-from trace_ray.capabilities.agreement import agreement
 from trace_ray.capabilities.aggregation import Aggregation, SelectionSettings, aggregate
+from trace_ray.capabilities.agreement import agreement
 from trace_ray.capabilities.labeling import (
-    cached_labeler, candidates_document, outcome_ids, read_candidates, run_file, subsample_runs, trajectories_digest,
+    cached_labeler,
+    candidates_document,
+    outcome_ids,
+    read_candidates,
+    run_file,
+    subsample_runs,
+    trajectories_digest,
     write_labels,
 )
 from trace_ray.capabilities.run_files import RunFile, read_run_files
@@ -35,9 +42,11 @@ from trace_ray.capabilities.trajectories import Trajectory, read_trajectories
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
-from environments.errors import TraceRayError
 
-HELP = "contrast the successes and failures in run_dir/trajectories (or precomputed run files) and select what the failures lack"
+HELP = (
+    "contrast the successes and failures in run_dir/trajectories (or precomputed run files) and select what the "
+    "failures lack"
+)
 SHOWN_WARNINGS = 5
 
 
@@ -48,7 +57,10 @@ def run(config: TraceConfig) -> None:
 def run_sweep(configs: list[TraceConfig]) -> None:
     """Label once, aggregate once per selection setting (one config: the full outputs; several: a sweep table)."""
     first = configs[0]
-    if any((c.run_dir, c.labeler, c.env.name, c.seed) != (first.run_dir, first.labeler, first.env.name, first.seed) for c in configs):
+    if any(
+        (c.run_dir, c.labeler, c.env.name, c.seed) != (first.run_dir, first.labeler, first.env.name, first.seed)
+        for c in configs
+    ):
         raise TraceRayError("a sweep may vary only selection.* (labels are made once); run other changes separately")
     trajectories = collected_trajectories(first)
     runs, descriptions = labeled_runs(first, trajectories)
@@ -61,7 +73,9 @@ def run_sweep(configs: list[TraceConfig]) -> None:
         report(result, first, folder)
         report_agreement(folder)
         return
-    write_sweep(folder, [(config.selection, aggregate(runs, descriptions, selection_settings(config))) for config in configs])
+    write_sweep(
+        folder, [(config.selection, aggregate(runs, descriptions, selection_settings(config))) for config in configs]
+    )
 
 
 def selection_settings(config: TraceConfig) -> SelectionSettings:
@@ -81,13 +95,17 @@ def collected_trajectories(config: TraceConfig) -> list[Trajectory]:
 def check_contrast(trajectories: list[Trajectory], config: TraceConfig) -> None:
     envs = sorted({trajectory.env for trajectory in trajectories})
     if envs != [config.env.name]:
-        raise TraceRayError(f"{config.run_dir}/trajectories holds env={','.join(envs)} trajectories; pass env={envs[0]}")
+        raise TraceRayError(
+            f"{config.run_dir}/trajectories holds env={','.join(envs)} trajectories; pass env={envs[0]}"
+        )
     successes = sum(trajectory.success for trajectory in trajectories)
     failures = len(trajectories) - successes
     if not successes or not failures:
         raise TraceRayError(
-            f"contrastive analysis needs successes and failures, and {config.run_dir}/trajectories has {successes} successes "
-            f"and {failures} failures; collect more samples per task (samples_per_task=K, a higher temperature) or another split"
+            f"contrastive analysis needs successes and failures, and {config.run_dir}/trajectories has {successes} "
+            "successes "
+            f"and {failures} failures; collect more samples per task (samples_per_task=K, a higher temperature) or "
+            "another split"
         )
 
 
@@ -105,7 +123,9 @@ def labeled_runs(config: TraceConfig, trajectories: list[Trajectory]) -> tuple[l
     env = environment_maker(config.env)()
     names = env.capability_detectors()
     if not names:
-        raise TraceRayError(f"env={config.env.name} declares no rule detectors; use labeler=precomputed with your own run files")
+        raise TraceRayError(
+            f"env={config.env.name} declares no rule detectors; use labeler=precomputed with your own run files"
+        )
     manifest = {
         "labeler": "rules",
         "capabilities": names,
@@ -138,7 +158,8 @@ def check_run_contrast(runs: list[RunFile], folder: Path) -> None:
 
 
 def rule_descriptions(target: str, names: list[str]) -> dict[str, str]:
-    """Each capability's description in the target's own words where its synthetic templates have them, else the catalogue's.
+    """Each capability's description in the target's own words where its synthetic templates have them, else the
+    catalogue's.
 
     The descriptions reach the agent (the logit router's options, the prompt-injection baseline).
     """
@@ -151,7 +172,6 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     import ray
 
     from actors.ray_connection import connect_ray
-
     from actors.remote_errors import task_error
     from trace_ray.capabilities.llm_labeler import label_trajectories_llm, propose_candidates
     from trace_ray.llm_client import LLMClient
@@ -165,18 +185,37 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     if cached_labeler(folder) == manifest:
         return read_run_files(folder), read_candidates(folder)
     client = LLMClient(
-        labeler.base_url, labeler.model, os.environ.get(labeler.api_key_env or ""), config_key="labeler",
-        timeout_s=labeler.timeout_s, max_retries=labeler.max_retries,
-        response_format=labeler.response_format, max_tokens=labeler.max_tokens,
+        labeler.base_url,
+        labeler.model,
+        os.environ.get(labeler.api_key_env or ""),
+        config_key="labeler",
+        timeout_s=labeler.timeout_s,
+        max_retries=labeler.max_retries,
+        response_format=labeler.response_format,
+        max_tokens=labeler.max_tokens,
     )
     proposed = propose_candidates(
-        client, trajectories, labeler.max_candidates, config.seed, labeler.temperature, labeler.max_chars, labeler.max_repairs
+        client,
+        trajectories,
+        labeler.max_candidates,
+        config.seed,
+        labeler.temperature,
+        labeler.max_chars,
+        labeler.max_repairs,
     )
     descriptions = {name: entry["description"] for name, entry in proposed.items()}
     connect_ray(config)
     label_run = ray.remote(num_cpus=0.1)(label_trajectories_llm)
     references = [
-        label_run.remote(client, trajectories, descriptions, config.seed + attempt, labeler.temperature, labeler.max_chars, labeler.max_repairs)
+        label_run.remote(
+            client,
+            trajectories,
+            descriptions,
+            config.seed + attempt,
+            labeler.temperature,
+            labeler.max_chars,
+            labeler.max_repairs,
+        )
         for attempt in range(labeler.runs)
     ]
     try:
@@ -188,7 +227,9 @@ def llm_runs(config: TraceConfig, trajectories: list[Trajectory], folder: Path) 
     candidates = {"candidates": [{"name": name, **entry} for name, entry in proposed.items()]}
     write_labels(folder, runs, candidates, manifest)
     save_trajectory_labels(folder.parent, "llm", majority_labels(labels))
-    console.print(f"labeled {len(trajectories)} trajectories x {len(descriptions)} capabilities in {len(runs)} runs: {folder}")
+    console.print(
+        f"labeled {len(trajectories)} trajectories x {len(descriptions)} capabilities in {len(runs)} runs: {folder}"
+    )
     return runs, descriptions
 
 
@@ -221,8 +262,11 @@ def report_agreement(folder: Path) -> None:
     kappas = agreement(*(json.loads(path.read_text()) for path in files.values()))
     write_json(folder / "agreement.json", kappas)
     if kappas:
-        print_table("rules vs LLM labels (Cohen's kappa)", ["capability", "kappa"],
-                    [(name, "-" if kappa is None else f"{kappa:.2f}") for name, kappa in kappas.items()])
+        print_table(
+            "rules vs LLM labels (Cohen's kappa)",
+            ["capability", "kappa"],
+            [(name, "-" if kappa is None else f"{kappa:.2f}") for name, kappa in kappas.items()],
+        )
 
 
 def write_outputs(folder: Path, result: Aggregation) -> None:
@@ -237,7 +281,8 @@ def _mean_std(mean: float | None, std: float | None) -> str:
 def report(result: Aggregation, config: TraceConfig, folder: Path) -> None:
     selection = config.selection
     print_table(
-        f"capabilities (rho={selection.rho}, delta={selection.delta}, k={selection.k}, undefined rates: {selection.undefined_rate})",
+        f"capabilities (rho={selection.rho}, delta={selection.delta}, k={selection.k}, undefined rates: "
+        f"{selection.undefined_rate})",
         ["capability", "Cov", "Delta", "runs passed", "kept"],
         [
             (
@@ -255,7 +300,10 @@ def report(result: Aggregation, config: TraceConfig, folder: Path) -> None:
     if len(result.warnings) > SHOWN_WARNINGS:
         console.print(f"... and {len(result.warnings) - SHOWN_WARNINGS} more warnings")
     console.print(f"{len(result.selected)} of {len(result.all)} capabilities selected: {folder / 'selected.json'}")
-    console.print(f"every candidate, with 95% intervals of ER- and ER+ and the p-value of Delta: {folder / 'all_capabilities.json'}")
+    console.print(
+        "every candidate, with 95% intervals of ER- and ER+ and the p-value of Delta: "
+        f"{folder / 'all_capabilities.json'}"
+    )
 
 
 def write_sweep(folder: Path, results: list) -> None:
@@ -274,7 +322,10 @@ def write_sweep(folder: Path, results: list) -> None:
     with atomic_path(folder / "sweep.parquet") as scratch:
         pq.write_table(pa.Table.from_pylist(rows), scratch)
     lines = ["| rho | delta | k | undefined_rate | selected |", "|---|---|---|---|---|"]
-    lines += [f"| {r['rho']} | {r['delta']} | {r['k']} | {r['undefined_rate']} | {', '.join(r['selected']) or '(none)'} |" for r in rows]
+    lines += [
+        f"| {r['rho']} | {r['delta']} | {r['k']} | {r['undefined_rate']} | {', '.join(r['selected']) or '(none)'} |"
+        for r in rows
+    ]
     with atomic_path(folder / "sweep.md") as scratch:
         Path(scratch).write_text("\n".join(lines) + "\n")
     print_table(

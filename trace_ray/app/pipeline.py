@@ -20,24 +20,30 @@ compares the combinations.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
+from environments.errors import TraceRayError
+from trace_ray.app import collect, evaluate, identify, route, synthesize, train
+from trace_ray.app.evaluate import print_report
+from trace_ray.app.sweeps import job_name
 from trace_ray.artifacts import atomic_path
 from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
 from trace_ray.config import SynthesisConfig, TraceConfig
 from trace_ray.console import console, print_table
-from environments.errors import TraceRayError
+from trace_ray.routing.adapters import routable_adapters
 from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
 from trace_ray.run_storage import RunStorage
 from trace_ray.training.training_log import rollouts_spent
 
-HELP = "run TRACE end to end (collect, identify, synthesize, train, baseline, route, evaluate) with a manifest; reruns skip finished stages"
+HELP = (
+    "run TRACE end to end (collect, identify, synthesize, train, baseline, route, evaluate) with a manifest; reruns "
+    "skip finished stages"
+)
 
 
 def synthesized_capabilities(run_dir: Path) -> list[str]:
@@ -56,8 +62,6 @@ def matched_budget(config: TraceConfig, run_dir: Path) -> dict[str, int]:
     The cap (``grpo.max_rollouts``) holds dynamic sampling's extra batches to the
     same total; the iterations are as many as that total allows (at least one batch).
     """
-    from trace_ray.routing.adapters import routable_adapters
-
     batch = config.grpo.group_size * config.grpo.groups_per_batch
     # the adapters TRACE routes: a skipped capability's training log left by an earlier attempt is not this run's budget
     spent = max(batch, sum(rollouts_spent(adapter.folder) for adapter in routable_adapters(run_dir)))
@@ -82,7 +86,7 @@ def _replace(config: TraceConfig, **sections) -> TraceConfig:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    command: str  # the trace_ray.app module that does the work
+    run: Callable[[TraceConfig], None]  # the command that does the work, on the stage's config
     keys: tuple[str, ...]  # config keys its result depends on (besides everything upstream)
     configure: Callable[[TraceConfig, Path], TraceConfig]
     outputs: Callable[[TraceConfig, Path], list[str]]  # what it writes, relative to the run directory
@@ -98,47 +102,79 @@ class Stage:
 
 
 # accept_out_of_band decides what train trains, not what synthesis builds: a key of the train stage only
-SYNTHESIS_KEYS = tuple(f"synthesis.{f.name}" for f in dataclasses.fields(SynthesisConfig))  # all: they decide which are trainable
+# all: they decide which are trainable
+SYNTHESIS_KEYS = tuple(f"synthesis.{f.name}" for f in dataclasses.fields(SynthesisConfig))
 
 STAGES = [
     Stage(
-        "collect", "collect",
-        ("model.name", "model.sampling", "env", "samples_per_task", "temperature", "top_p", "seed", "rollout.max_episode_tokens", "pipeline.collect_limit"),
+        "collect",
+        collect.run,
+        (
+            "model.name",
+            "model.sampling",
+            "env",
+            "samples_per_task",
+            "temperature",
+            "top_p",
+            "seed",
+            "rollout.max_episode_tokens",
+            "pipeline.collect_limit",
+        ),
         lambda c, d: _replace(c, split="analysis", limit=c.pipeline.collect_limit),
         lambda c, d: ["trajectories"],
         ignored=("env.eval_size",),  # collection plays the analysis split: a larger eval split leaves it up to date
     ),
     Stage(
-        "identify", "identify", ("labeler", "selection"),
+        "identify",
+        identify.run,
+        ("labeler", "selection"),
         lambda c, d: c,
         lambda c, d: ["capabilities/all_capabilities.json"],
     ),
     Stage(
-        "synthesize", "synthesize", (*SYNTHESIS_KEYS, "calibration", "pipeline.max_capabilities"),
+        "synthesize",
+        synthesize.run,
+        (*SYNTHESIS_KEYS, "calibration", "pipeline.max_capabilities"),
         # the most covered first, until pipeline.max_capabilities are trainable (an environment too hard or too easy
         # for any GRPO signal makes way for the next)
-        lambda c, d: _replace(c, synthesis__capabilities=by_coverage(d), synthesis__stop_after=c.pipeline.max_capabilities),
+        lambda c, d: _replace(
+            c, synthesis__capabilities=by_coverage(d), synthesis__stop_after=c.pipeline.max_capabilities
+        ),
         lambda c, d: ["environments", "capabilities/selected.json"],
     ),
     Stage(
-        "train", "train", (
-            "grpo", "lora", "synthesis.accept_out_of_band", "synthesis.train_without_signal", "synthesis.min_informative_fraction",
+        "train",
+        train.run,
+        (
+            "grpo",
+            "lora",
+            "synthesis.accept_out_of_band",
+            "synthesis.train_without_signal",
+            "synthesis.min_informative_fraction",
         ),
         lambda c, d: _replace(c, train_on="capabilities", capability=None, adapter=None),
         lambda c, d: [f"adapters/{name}" for name in synthesized_capabilities(d)],
     ),
     Stage(
-        "baseline", "train", ("grpo", "lora", "evaluate.grpo_baseline"),
-        lambda c, d: _replace(c, train_on="env", capability=None, adapter=c.evaluate.grpo_baseline, **matched_budget(c, d)),
+        "baseline",
+        train.run,
+        ("grpo", "lora", "evaluate.grpo_baseline"),
+        lambda c, d: _replace(
+            c, train_on="env", capability=None, adapter=c.evaluate.grpo_baseline, **matched_budget(c, d)
+        ),
         lambda c, d: [f"adapters/{c.evaluate.grpo_baseline}"],
     ),
     Stage(
-        "route", "route", ("router", "env.eval_size", "pipeline.eval_limit"),
+        "route",
+        route.run,
+        ("router", "env.eval_size", "pipeline.eval_limit"),
         lambda c, d: _replace(c, split="eval", limit=c.pipeline.eval_limit),
         lambda c, d: ["router"],
     ),
     Stage(
-        "evaluate", "evaluate", ("evaluate", "env.eval_size", "pipeline.eval_limit"),
+        "evaluate",
+        evaluate.run,
+        ("evaluate", "env.eval_size", "pipeline.eval_limit"),
         lambda c, d: _replace(c, split="eval", limit=c.pipeline.eval_limit),
         lambda c, d: ["eval"],
     ),
@@ -189,13 +225,13 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
     for stage in stages:
         index = STAGE_NAMES.index(stage.name)
         if index and manifest.entry(STAGE_NAMES[index - 1]).get("status") != "done" and STAGES[index - 1] not in stages:
-            raise TraceRayError(f"stage {stage.name} needs {STAGE_NAMES[index - 1]} done first; add it to pipeline.stages")
+            raise TraceRayError(
+                f"stage {stage.name} needs {STAGE_NAMES[index - 1]} done first; add it to pipeline.stages"
+            )
         stage_fingerprint = fingerprint(config, stage, manifest)
         if manifest.is_current(stage.name, stage_fingerprint):
             console.print(f"[dim]{stage.name}: up to date, skipped[/dim]")
             if stage.name == "evaluate":  # a rerun still answers with the result
-                from trace_ray.app.evaluate import print_report
-
                 print_report(run_dir / "eval")
             continue
         copied = reuse(stage, stage_fingerprint, list(reuse_from), run_dir, config)
@@ -211,7 +247,7 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
         stage_config = stage.configure(config, run_dir)
         manifest.start(stage.name, stage_fingerprint, stage.values(stage_config))
         try:
-            importlib.import_module(f"trace_ray.app.{stage.command}").run(stage_config)
+            stage.run(stage_config)
         except TraceRayError as exc:
             manifest.fail(stage.name, str(exc))
             raise TraceRayError(f"pipeline stage {stage.name} failed: {exc}") from None
@@ -229,27 +265,6 @@ def run(config: TraceConfig) -> None:
     run_pipeline(config)
 
 
-def job_name(config: TraceConfig, others: list[TraceConfig]) -> str:
-    """``key-value__key-value`` of the keys in which this sweep job differs from the others (a name that a
-    ``run_dir=`` override takes as it is: no ``=`` or ``,``)."""
-    from omegaconf import OmegaConf
-
-    def flat(c: TraceConfig) -> dict:
-        return dict(_flatten(OmegaConf.to_container(OmegaConf.structured(c))))
-
-    mine, theirs = flat(config), [flat(other) for other in others]
-    keys = sorted(key for key in mine if key not in ("command",) and any(other.get(key) != mine[key] for other in theirs))
-    return "__".join(f"{key}-{mine[key]}" for key in keys) or "default"
-
-
-def _flatten(tree, prefix=""):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _flatten(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", json.dumps(value) if isinstance(value, list) else value
-
-
 def run_sweep(configs: list[TraceConfig]) -> None:
     """Each combination in ``run_dir/<key-value__...>``; stages an earlier combination finished are copied."""
     root = Path(configs[0].run_dir)
@@ -265,15 +280,25 @@ def run_sweep(configs: list[TraceConfig]) -> None:
         finished.append(run_dir)
         rows.append((name, *sweep_figures(run_dir)))
     header = ["job", "base", "TRACE (logit)", "oracle router", "GRPO on target"]
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|", *("| " + " | ".join(row) + " |" for row in rows)]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|---" * len(header) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
     with atomic_path(root / "sweep_summary.md") as scratch:
-        Path(scratch).write_text("# Sweep: mean reward on the held-out split\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+        Path(scratch).write_text(
+            "# Sweep: mean reward on the held-out split\n\n" + "\n".join(lines) + "\n", encoding="utf-8"
+        )
     print_table(f"sweep: mean reward on the held-out split ({root / 'sweep_summary.md'})", header, rows)
 
 
 def sweep_figures(run_dir: Path) -> tuple[str, ...]:
     path = run_dir / "eval" / "report.json"
-    methods = {row["method"]: row for row in json.loads(path.read_text(encoding="utf-8"))["methods"]} if path.is_file() else {}
+    methods = (
+        {row["method"]: row for row in json.loads(path.read_text(encoding="utf-8"))["methods"]}
+        if path.is_file()
+        else {}
+    )
     return tuple(
         f"{methods[name]['mean_reward']:.3f}" if name in methods else "-"
         for name in ("base", "TRACE (logit)", "oracle router", "GRPO on target")

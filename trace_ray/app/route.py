@@ -41,12 +41,12 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from actors.model_tasks import on_model_worker, play_options
+from environments.errors import TraceRayError
 from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
-from environments.errors import TraceRayError
-from actors.model_tasks import on_model_worker, play_options
 from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts, save_played
 from trace_ray.evaluation.report import ROUTING_HEADER, ROUTING_NOTE, routing_cells
@@ -58,11 +58,23 @@ from trace_ray.routing.lora_moe import MoERouter, fit_moe, prompt_ids, save_moe
 from trace_ray.routing.offsets import fit_offsets, offset_decisions, save_offsets
 from trace_ray.routing.routers import logit_router
 from trace_ray.routing.selection import (
-    FALLBACK, RoutingRow, TaskFeatures, best_on_average, candidate_rules, choose, cross_validate, hidden_matrix, routing_metrics,
-    routing_summary, tool_vocabulary,
+    FALLBACK,
+    RoutingRow,
+    TaskFeatures,
+    best_on_average,
+    candidate_rules,
+    choose,
+    cross_validate,
+    hidden_matrix,
+    routing_metrics,
+    routing_summary,
+    tool_vocabulary,
 )
 
-HELP = "build every router over the trained adapters, choose one by cross-validation (router=auto), score them on held-out tasks"
+HELP = (
+    "build every router over the trained adapters, choose one by cross-validation (router=auto), score them on "
+    "held-out tasks"
+)
 
 
 def split_seeds(env, split: str, limit: int | None) -> list[int]:
@@ -74,7 +86,9 @@ def split_seeds(env, split: str, limit: int | None) -> list[int]:
     return env.task_seeds(split)[: limit or None]
 
 
-def oracle_rewards(config: TraceConfig, adapters: list[TrainedAdapter], seeds: list[int], env: EnvConfig | None = None) -> dict[int, dict[str, float]]:
+def oracle_rewards(
+    config: TraceConfig, adapters: list[TrainedAdapter], seeds: list[int], env: EnvConfig | None = None
+) -> dict[int, dict[str, float]]:
     """Seed -> option -> greedy reward of the base model and of each adapter (on ``env``, default the target).
 
     The episodes are kept in ``run_dir/router/episodes.parquet``: evaluate (and a resumed route) reuse them."""
@@ -86,7 +100,9 @@ def oracle_rewards(config: TraceConfig, adapters: list[TrainedAdapter], seeds: l
     return {seed: {option: result.reward for option, result in results.items()} for seed, results in played.items()}
 
 
-def synthetic_examples(config: TraceConfig, adapters: list[TrainedAdapter], names: list[str]) -> list[tuple[list[dict], dict, str]]:
+def synthetic_examples(
+    config: TraceConfig, adapters: list[TrainedAdapter], names: list[str]
+) -> list[tuple[list[dict], dict, str]]:
     """(first observation, option rewards, oracle label) of the first ``router.synthetic_train_tasks`` analysis tasks of
     each adapter's synthetic environment, from greedy episodes of every option there: where an adapter helps at all,
     it is on its own capability's tasks, so these give the learned routers non-base labels."""
@@ -106,15 +122,23 @@ def confusion(labels: list[str], choices: list[str], names: list[str]) -> list[l
     return [[counts[(label, choice)] for choice in names] for label in names]
 
 
-def router_summary(choices: list[str], labels: list[str], rewards: list[dict[str, float]], names: list[str], confidence: float,
-                   seed: int) -> dict:
-    """Tie-aware accuracy, routed reward, regret (mean and bootstrap interval) and the confusion matrix against the oracle labels."""
+def router_summary(
+    choices: list[str],
+    labels: list[str],
+    rewards: list[dict[str, float]],
+    names: list[str],
+    confidence: float,
+    seed: int,
+) -> dict:
+    """Tie-aware accuracy, routed reward, regret (mean and bootstrap interval) and the confusion matrix against the
+    oracle labels."""
     return {**routing_summary(choices, rewards, confidence, seed), "confusion": confusion(labels, choices, names)}
 
 
 def matrix_markdown(names: list[str], matrix: list[list[int]]) -> list[str]:
     return [
-        "| oracle \\ router | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|",
+        "| oracle \\ router | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
         *(f"| {name} | " + " | ".join(str(n) for n in row) + " |" for name, row in zip(names, matrix)),
     ]
 
@@ -131,15 +155,20 @@ def routing_rows(summary: dict) -> list[list[str]]:
         if name == "auto":
             chosen = summary["auto_chosen"]
             label = f"auto ({'always ' + summary['fallback'] if chosen == FALLBACK else chosen})"
-        rows.append([label, *routing_cells(result)] if "accuracy" in result else [name, "not trained", result["error"], ""])
+        rows.append(
+            [label, *routing_cells(result)] if "accuracy" in result else [name, "not trained", result["error"], ""]
+        )
     return rows + [[name, *routing_cells(result)] for name, result in summary["comparators"].items()]
 
 
 def selection_rows(selection: dict) -> list[list[str]]:
     """One row per candidate: its out-of-fold figures on the training tasks, the chosen one marked."""
     return [
-        [name + (" (chosen)" if name == selection["chosen"] else ""), *routing_cells(result),
-         " ".join(f"{fold['routed_reward']:.3f}" for fold in result["folds"])]
+        [
+            name + (" (chosen)" if name == selection["chosen"] else ""),
+            *routing_cells(result),
+            " ".join(f"{fold['routed_reward']:.3f}" for fold in result["folds"]),
+        ]
         for name, result in selection["candidates"].items()
     ]
 
@@ -150,13 +179,20 @@ def report_markdown(summary: dict, selection: dict) -> str:
     lines += ["| " + " | ".join(ROUTING_HEADER) + " |", "|---" * len(ROUTING_HEADER) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in routing_rows(summary)]
     lines += [
-        "", f"training labels: {label_counts(summary['train_labels'])} (target), "
-        f"{label_counts(summary['synthetic_train_labels'])} (synthetic environments)", "",
-        f"## router=auto: {selection['folds']}-fold cross-validation on {selection['train_tasks']} {summary['train_split']} tasks", "",
+        "",
+        f"training labels: {label_counts(summary['train_labels'])} (target), "
+        f"{label_counts(summary['synthetic_train_labels'])} (synthetic environments)",
+        "",
+        f"## router=auto: {selection['folds']}-fold cross-validation on {selection['train_tasks']} "
+        f"{summary['train_split']} tasks",
+        "",
         f"chosen: **{selection['chosen']}** (the highest out-of-fold routed reward, if above the fallback's: "
-        f"always {selection['fallback']} on all {summary['train_split']} tasks)", "",
-        "| candidate | accuracy (ties count) | routed reward | regret | routed reward per fold |", "|---|---|---|---|---|",
-        *("| " + " | ".join(row) + " |" for row in selection_rows(selection)), "",
+        f"always {selection['fallback']} on all {summary['train_split']} tasks)",
+        "",
+        "| candidate | accuracy (ties count) | routed reward | regret | routed reward per fold |",
+        "|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in selection_rows(selection)),
+        "",
     ]
     for name, result in summary["routers"].items():
         if "confusion" in result:
@@ -166,7 +202,8 @@ def report_markdown(summary: dict, selection: dict) -> str:
 
 
 def routing_features(config, adapters, observations, vocabulary) -> list[TaskFeatures]:
-    """Every feature of every task (run on a Ray model worker): the logit router's scores, pooled hidden states, keywords."""
+    """Every feature of every task (run on a Ray model worker): the logit router's scores, pooled hidden states,
+    keywords."""
     from trace_ray.models import assigned_device, load_model
 
     model, tokenizer = load_model(config.model, assigned_device())
@@ -193,17 +230,28 @@ def router_file(router: str) -> str:
     return router.replace(" (", "_").replace(")", "").replace("-", "_").replace(" ", "_") + ".json"
 
 
-def logit_choices(config, rows: list[RoutingRow], held_out: list[TaskFeatures], folder: Path) -> dict[str, list[RouteDecision]]:
+def logit_choices(
+    config, rows: list[RoutingRow], held_out: list[TaskFeatures], folder: Path
+) -> dict[str, list[RouteDecision]]:
     """The logit router's decisions on ``held_out`` under each calibration (``logit``: router.calibration's); the fitted
     offsets come from the training ``rows`` and are saved in ``folder``."""
     free = [row.features.content_free for row in rows]
     rewards, labels = [row.rewards for row in rows], [row.label for row in rows]
     offsets = fit_offsets(free, rewards, labels)
     zero = {name: 0.0 for name in offsets}
-    on_train = {name: [d.choice for d in offset_decisions(free, shift)] for name, shift in (("content_free", zero), ("fitted", offsets))}
+    on_train = {
+        name: [d.choice for d in offset_decisions(free, shift)]
+        for name, shift in (("content_free", zero), ("fitted", offsets))
+    }
     save_offsets(
-        folder, offsets, config.model.name, train_split=config.router.train_split, train_tasks=len(rows),
-        train_routed_reward={name: routing_metrics(picks, rewards)["routed_reward"] for name, picks in on_train.items()},
+        folder,
+        offsets,
+        config.model.name,
+        train_split=config.router.train_split,
+        train_tasks=len(rows),
+        train_routed_reward={
+            name: routing_metrics(picks, rewards)["routed_reward"] for name, picks in on_train.items()
+        },
         train_accuracy={name: routing_metrics(picks, rewards)["accuracy"] for name, picks in on_train.items()},
     )
     held_free = [task.content_free for task in held_out]
@@ -213,19 +261,33 @@ def logit_choices(config, rows: list[RoutingRow], held_out: list[TaskFeatures], 
         "fitted": offset_decisions(held_free, offsets),
     }
     decisions = {"logit": variants[config.router.calibration]}
-    decisions.update((LOGIT_VARIANTS[name], found) for name, found in variants.items() if name != config.router.calibration)
+    decisions.update(
+        (LOGIT_VARIANTS[name], found) for name, found in variants.items() if name != config.router.calibration
+    )
     return decisions
 
 
-def learned_choices(config, names, training: list[RoutingRow], held_out: list[TaskFeatures], folder: Path) -> list[RouteDecision]:
-    """The learned gate fitted on ``training``'s pooled hidden states and oracle labels (saved in ``folder``), on ``held_out``."""
-    gate = fit_gate(hidden_matrix([row.features for row in training]), [row.label for row in training], names, config.router.gate, config.seed)
+def learned_choices(
+    config, names, training: list[RoutingRow], held_out: list[TaskFeatures], folder: Path
+) -> list[RouteDecision]:
+    """The learned gate fitted on ``training``'s pooled hidden states and oracle labels (saved in ``folder``), on
+    ``held_out``."""
+    gate = fit_gate(
+        hidden_matrix([row.features for row in training]),
+        [row.label for row in training],
+        names,
+        config.router.gate,
+        config.seed,
+    )
     save_gate(folder, gate, config.model.name)
     return gate_decisions(gate, hidden_matrix(held_out))
 
 
-def auto_choices(config, names, vocabulary, rows, synthetic, held_out, folder: Path) -> tuple[list[RouteDecision], dict]:
-    """router=auto: every candidate cross-validated on the training ``rows``; the chosen one, fitted on all of them, saved in
+def auto_choices(
+    config, names, vocabulary, rows, synthetic, held_out, folder: Path
+) -> tuple[list[RouteDecision], dict]:
+    """router=auto: every candidate cross-validated on the training ``rows``; the chosen one, fitted on all of them,
+    saved in
     ``folder`` and applied to ``held_out``. Returns its choices and the selection's record."""
     settings = config.router.auto
     candidates = candidate_rules(names, config.router.gate, settings.ridge, settings.margin, config.seed)
@@ -234,8 +296,13 @@ def auto_choices(config, names, vocabulary, rows, synthetic, held_out, folder: P
     chosen = choose(results)
     rule = next(c for c in candidates if c.name == chosen).fit(rows, synthetic)
     fallback = best_on_average(rows, names)
-    facts = {"train_split": config.router.train_split, "train_tasks": len(rows), "folds": folds, "fallback": fallback,
-             "train_seeds": [row.seed for row in rows]}
+    facts = {
+        "train_split": config.router.train_split,
+        "train_tasks": len(rows),
+        "folds": folds,
+        "fallback": fallback,
+        "train_seeds": [row.seed for row in rows],
+    }
     save_selection(folder, config.model.name, names, vocabulary, chosen, rule, results, **facts)
     return chosen_decisions(rule.choose(held_out), names), {"chosen": chosen, "candidates": results, **facts}
 
@@ -243,7 +310,10 @@ def auto_choices(config, names, vocabulary, rows, synthetic, held_out, folder: P
 def run(config: TraceConfig) -> None:
     run_dir = Path(config.run_dir)
     if config.router.train_split == config.split:
-        raise TraceRayError(f"router.train_split and split are both {config.split}; held-out accuracy needs two splits (e.g. analysis and eval)")
+        raise TraceRayError(
+            f"router.train_split and split are both {config.split}; held-out accuracy needs two splits "
+            "(e.g. analysis and eval)"
+        )
     adapters = trained_adapters(run_dir)
     target = environment_maker(config.env)()
     eval_seeds = split_seeds(target, config.split, config.limit)
@@ -257,11 +327,13 @@ def run(config: TraceConfig) -> None:
     synthetic = synthetic_examples(config, adapters, names) if config.router.synthetic_train_tasks else []
 
     console.print("routers: features on a Ray model worker")
-    ordered = [observations[s] for s in train_seeds] + [o for o, _, _ in synthetic] + [observations[s] for s in eval_seeds]
+    ordered = (
+        [observations[s] for s in train_seeds] + [o for o, _, _ in synthetic] + [observations[s] for s in eval_seeds]
+    )
     features = on_model_worker(config, routing_features, config, adapters, ordered, vocabulary)
     rows = [RoutingRow(s, f, rewards[s], labels[s]) for s, f in zip(train_seeds, features)]
-    synthetic_rows = [RoutingRow(-1, f, r, label) for (_, r, label), f in zip(synthetic, features[len(rows):])]
-    held_out = features[len(rows) + len(synthetic_rows):]
+    synthetic_rows = [RoutingRow(-1, f, r, label) for (_, r, label), f in zip(synthetic, features[len(rows) :])]
+    held_out = features[len(rows) + len(synthetic_rows) :]
 
     choices: dict[str, list[RouteDecision] | str] = logit_choices(config, rows, held_out, folder)
     try:
@@ -270,8 +342,16 @@ def run(config: TraceConfig) -> None:
         choices["learned"] = str(exc)
     train_observations = [observations[s] for s in train_seeds] + [o for o, _, _ in synthetic]
     try:
-        choices["moe"] = on_model_worker(config, moe_decisions, config, adapters, train_observations,
-                                         [row.label for row in rows + synthetic_rows], [observations[s] for s in eval_seeds], folder)
+        choices["moe"] = on_model_worker(
+            config,
+            moe_decisions,
+            config,
+            adapters,
+            train_observations,
+            [row.label for row in rows + synthetic_rows],
+            [observations[s] for s in eval_seeds],
+            folder,
+        )
     except TraceRayError as exc:
         choices["moe"] = str(exc)
     choices["auto"], selection = auto_choices(config, names, vocabulary, rows, synthetic_rows, held_out, folder)
@@ -283,14 +363,29 @@ def run(config: TraceConfig) -> None:
         if isinstance(outcome, str):
             routers[router] = {"error": outcome}
             continue
-        routers[router] = router_summary([d.choice for d in outcome], eval_labels, eval_rewards, names, confidence, config.seed)
-        write_json(folder / router_file(router), {
-            "router": router, "split": config.split, "options": names, **routers[router],
-            "tasks": [
-                {"seed": seed, "choice": d.choice, "scores": d.scores, "probabilities": d.probabilities, "oracle": label, "rewards": reward}
-                for seed, d, label, reward in zip(eval_seeds, outcome, eval_labels, eval_rewards)
-            ],
-        })
+        routers[router] = router_summary(
+            [d.choice for d in outcome], eval_labels, eval_rewards, names, confidence, config.seed
+        )
+        write_json(
+            folder / router_file(router),
+            {
+                "router": router,
+                "split": config.split,
+                "options": names,
+                **routers[router],
+                "tasks": [
+                    {
+                        "seed": seed,
+                        "choice": d.choice,
+                        "scores": d.scores,
+                        "probabilities": d.probabilities,
+                        "oracle": label,
+                        "rewards": reward,
+                    }
+                    for seed, d, label, reward in zip(eval_seeds, outcome, eval_labels, eval_rewards)
+                ],
+            },
+        )
     count = len(eval_seeds)
     comparators = {
         "always base": [BASE] * count,
@@ -298,11 +393,20 @@ def run(config: TraceConfig) -> None:
         "oracle": eval_labels,
     }
     summary = {
-        "split": config.split, "tasks": count, "train_split": config.router.train_split, "train_tasks": len(train_seeds),
-        "options": names, "routers": routers, "auto_chosen": selection["chosen"], "fallback": selection["fallback"],
-        "comparators": {name: router_summary(picks, eval_labels, eval_rewards, names, confidence, config.seed)
-                        for name, picks in comparators.items()},
-        "train_labels": dict(Counter(labels[s] for s in train_seeds)), "eval_labels": dict(Counter(eval_labels)),
+        "split": config.split,
+        "tasks": count,
+        "train_split": config.router.train_split,
+        "train_tasks": len(train_seeds),
+        "options": names,
+        "routers": routers,
+        "auto_chosen": selection["chosen"],
+        "fallback": selection["fallback"],
+        "comparators": {
+            name: router_summary(picks, eval_labels, eval_rewards, names, confidence, config.seed)
+            for name, picks in comparators.items()
+        },
+        "train_labels": dict(Counter(labels[s] for s in train_seeds)),
+        "eval_labels": dict(Counter(eval_labels)),
         "synthetic_train_labels": dict(Counter(label for _, _, label in synthetic)),
         "base_reward": sum(r[BASE] for r in eval_rewards) / count,
         "oracle_reward": sum(max(r.values()) for r in eval_rewards) / count,
@@ -311,12 +415,16 @@ def run(config: TraceConfig) -> None:
     with atomic_path(folder / "report.md") as scratch:
         Path(scratch).write_text(report_markdown(summary, selection))
     print_table(
-        f"router=auto: {selection['folds']}-fold cross-validation on {len(train_seeds)} {config.router.train_split} tasks "
+        f"router=auto: {selection['folds']}-fold cross-validation on {len(train_seeds)} {config.router.train_split} "
+        "tasks "
         f"(chosen: {selection['chosen']})",
-        ["candidate", *ROUTING_HEADER[1:], "per fold"], selection_rows(selection),
+        ["candidate", *ROUTING_HEADER[1:], "per fold"],
+        selection_rows(selection),
     )
     print_table(
-        f"routers on {count} held-out {config.env.name}/{config.split} tasks (trained on {len(train_seeds)} {config.router.train_split} tasks)",
-        ROUTING_HEADER, routing_rows(summary),
+        f"routers on {count} held-out {config.env.name}/{config.split} tasks (trained on {len(train_seeds)} "
+        f"{config.router.train_split} tasks)",
+        ROUTING_HEADER,
+        routing_rows(summary),
     )
     console.print(f"per-task decisions, router/selection.json and the report: {folder}")

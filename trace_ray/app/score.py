@@ -45,10 +45,27 @@ def run(config: TraceConfig) -> None:
     )
     report = Path(config.run_dir) / "score" / f"{config.env.name}-{config.model.name}-{config.split}.json"
     episodes = [
-        {"task_id": r.task_id, "family": r.family, "seed": r.seed, "reward": r.reward, "success": r.success,
-         "turns": r.turns, "termination": r.termination, "milestones": r.info.get("milestones", [])}
+        {
+            "task_id": r.task_id,
+            "family": r.family,
+            "seed": r.seed,
+            "reward": r.reward,
+            "success": r.success,
+            "turns": r.turns,
+            "termination": r.termination,
+            "milestones": r.info.get("milestones", []),
+        }
         for r in results
     ]
     metrics = [dataclasses.asdict(row) for row in rows]
-    write_json(report, {"env": config.env.name, "model": config.model.name, "split": config.split, "metrics": metrics, "episodes": episodes})
+    write_json(
+        report,
+        {
+            "env": config.env.name,
+            "model": config.model.name,
+            "split": config.split,
+            "metrics": metrics,
+            "episodes": episodes,
+        },
+    )
     console.print(f"per-task results: {report}")

@@ -20,13 +20,16 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from environments.errors import TraceRayError
 from trace_ray.artifacts import atomic_path
 from trace_ray.config import TraceConfig
 from trace_ray.console import console
-from environments.errors import TraceRayError
 
-HELP = "serve the routed agent (base model + every adapter of run_dir/adapters/) as an OpenAI-compatible API on Ray Serve"
-NOT_RECOMPOSED = ("command", "run_dir", "serve.config_out")  # set by the CLI, by args.run_dir, or meaningless on the cluster
+HELP = (
+    "serve the routed agent (base model + every adapter of run_dir/adapters/) as an OpenAI-compatible API on Ray Serve"
+)
+# set by the CLI, by args.run_dir, or meaningless on the cluster
+NOT_RECOMPOSED = ("command", "run_dir", "serve.config_out")
 
 
 def _hydra_value(value) -> str:
@@ -42,19 +45,23 @@ def _hydra_value(value) -> str:
 
 def _differences(wanted, baseline, prefix: str = "") -> list[str]:
     if isinstance(wanted, dict) and isinstance(baseline, dict):
-        return [line for key, value in wanted.items() for line in _differences(value, baseline.get(key), f"{prefix}{key}.")]
+        return [
+            line for key, value in wanted.items() for line in _differences(value, baseline.get(key), f"{prefix}{key}.")
+        ]
     key = prefix[:-1]
     return [] if wanted == baseline or key in NOT_RECOMPOSED else [f"{key}={_hydra_value(wanted)}"]
 
 
 def config_overrides(config: TraceConfig) -> list[str]:
-    """Hydra overrides that recompose ``config`` from conf/: its group options, then every value that differs from theirs."""
+    """Hydra overrides that recompose ``config`` from conf/: its group options, then every value that differs from
+    theirs."""
     from hydra import compose, initialize_config_dir
 
     from trace_ray.config_compose import CONF_DIR, config_groups
 
     groups = [
-        f"{group}={getattr(config, group).name}" for group, options in config_groups().items()
+        f"{group}={getattr(config, group).name}"
+        for group, options in config_groups().items()
         if getattr(getattr(config, group, None), "name", None) in options
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -69,10 +76,14 @@ def write_serve_config(config: TraceConfig, path: Path) -> None:
 
     document = {
         "http_options": {"host": config.serve.host, "port": config.serve.port},
-        "applications": [{
-            "name": APP_NAME, "route_prefix": "/", "import_path": IMPORT_PATH,
-            "args": {"run_dir": str(Path(config.run_dir).absolute()), "overrides": config_overrides(config)},
-        }],
+        "applications": [
+            {
+                "name": APP_NAME,
+                "route_prefix": "/",
+                "import_path": IMPORT_PATH,
+                "args": {"run_dir": str(Path(config.run_dir).absolute()), "overrides": config_overrides(config)},
+            }
+        ],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as scratch:
@@ -86,7 +97,8 @@ def check_port_free(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise TraceRayError(
-                f"cannot listen on {host}:{port} ({exc.strerror}); stop what uses the port or pick another with serve.port=N"
+                f"cannot listen on {host}:{port} ({exc.strerror}); stop what uses the port or pick another with "
+                "serve.port=N"
             ) from None
 
 
@@ -95,7 +107,10 @@ def deployment_error(exc: Exception) -> TraceRayError:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     ours = [line.split("TraceRayError:", 1)[1].strip() for line in lines if "TraceRayError:" in line]
     cause = ours[-1] if ours else (lines[-1] if lines else type(exc).__name__)
-    return TraceRayError(f"the routed agent failed to start: {cause}" + ("" if ours else "; see the Serve logs (ray logs) and fix the config"))
+    return TraceRayError(
+        f"the routed agent failed to start: {cause}"
+        + ("" if ours else "; see the Serve logs (ray logs) and fix the config")
+    )
 
 
 def say(text: str) -> None:
@@ -108,17 +123,29 @@ def print_summary(config: TraceConfig, plan) -> None:
     base, url, variable = config.model.name, f"http://{config.serve.host}:{config.serve.port}", config.serve.api_key_env
     routed = plan.router != "none"
     key_set = bool(os.environ.get(variable, "").strip())
-    body = json.dumps({"model": f"{base}:auto" if routed else base, "messages": [{"role": "user", "content": "Turn on wifi"}], "max_tokens": 64})
+    body = json.dumps(
+        {
+            "model": f"{base}:auto" if routed else base,
+            "messages": [{"role": "user", "content": "Turn on wifi"}],
+            "max_tokens": 64,
+        }
+    )
     auth = f' -H "Authorization: Bearer ${variable}"' if key_set else ""
-    say("\n".join([
-        f"routed agent: {url}/v1 (OpenAI-compatible: POST /v1/chat/completions, GET /v1/models, GET /healthz)",
-        f"models: {', '.join(model_ids(base, [adapter.name for adapter in plan.adapters], routed, moe=plan.router == 'moe'))}",
-        f"router: {plan.router} over {', '.join(a.name for a in plan.routable)} (model={base}:auto or no model)" if routed
-        else "router=none: serving the base model and forced adapters",
-        f"API key: required ({variable})" if key_set else f"API key: none (set {variable} to require one)",
-        f"example: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
-        "serving until Ctrl-C or SIGTERM",
-    ]))
+    served_ids = model_ids(base, [adapter.name for adapter in plan.adapters], routed, moe=plan.router == "moe")
+    say(
+        "\n".join(
+            [
+                f"routed agent: {url}/v1 (OpenAI-compatible: POST /v1/chat/completions, GET /v1/models, GET /healthz)",
+                f"models: {', '.join(served_ids)}",
+                f"router: {plan.router} over {', '.join(a.name for a in plan.routable)} (model={base}:auto or no model)"
+                if routed
+                else "router=none: serving the base model and forced adapters",
+                f"API key: required ({variable})" if key_set else f"API key: none (set {variable} to require one)",
+                f"example: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
+                "serving until Ctrl-C or SIGTERM",
+            ]
+        )
+    )
 
 
 def wait_for_stop() -> None:

@@ -24,25 +24,31 @@ reason; one capability's failure does not stop the others. Train on one with
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.progress import Progress
 
 from actors.rollout_service import RolloutService, start_rollout_service
+from environments.errors import TraceRayError
 from environments.protocol import Environment, ToolSchema
 from environments.self_checks import run_self_checks
 from environments.synthetic.factory import target_templates
 from trace_ray.artifacts import atomic_path, write_json
+from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path, trainable
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
-from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, read_selection, selection_path, trainable
-from environments.errors import TraceRayError
 from trace_ray.synthesis.calibration import (
-    Band, CalibrationRound, CalibrationStats, calibration_stats, calibration_table, search_difficulty,
+    Band,
+    CalibrationRound,
+    CalibrationStats,
+    calibration_stats,
+    calibration_table,
+    search_difficulty,
 )
 
 HELP = "build, self-check and calibrate one training environment per selected capability (run_dir/environments/)"
@@ -61,7 +67,9 @@ def capabilities_to_synthesize(run_dir: Path, only: list[str] | None) -> list[di
     if only:
         unknown = sorted(set(only) - {entry["name"] for entry in entries})
         if unknown:
-            raise TraceRayError(f"synthesis.capabilities names {unknown}, which {path} does not select; choose among its names")
+            raise TraceRayError(
+                f"synthesis.capabilities names {unknown}, which {path} does not select; choose among its names"
+            )
         by_name = {entry["name"]: entry for entry in entries}
         entries = [by_name[name] for name in only]  # in the order given
     return entries
@@ -89,7 +97,10 @@ def set_status(run_dir: Path, name: str, status: str, reason: str | None, neares
 def out_of_band_reason(nearest: CalibrationRound) -> str:
     """Why a capability is OUT_OF_BAND, in one line: its nearest level and the figures outside the band."""
     figures = "; ".join(nearest.reasons)
-    return f"no difficulty level tried was in the calibration band; the nearest, {nearest.difficulty}, is {nearest.verdict} ({figures})"
+    return (
+        f"no difficulty level tried was in the calibration band; the nearest, {nearest.difficulty}, is "
+        f"{nearest.verdict} ({figures})"
+    )
 
 
 # -- calibration rollouts on Ray ---------------------------------------------------------------
@@ -107,7 +118,9 @@ class RayCalibration:
         else:
             self.rollouts.switch_environment(env)
         size = config.calibration.group_size
-        params = SamplingParams(config.temperature, config.top_p, config.model.sampling.max_new_tokens, seed=config.seed)
+        params = SamplingParams(
+            config.temperature, config.top_p, config.model.sampling.max_new_tokens, seed=config.seed
+        )
         with Progress(console=console, transient=True) as progress:
             bar = progress.add_task(f"calibrating {label}", total=len(seeds) * size)
             groups = self.rollouts.groups(label, seeds, size, params, on_done=lambda _: progress.advance(bar))
@@ -144,7 +157,10 @@ def check_level(config: TraceConfig, env: EnvConfig, target: Target, seeds: list
 
 
 def synthesize_capability(
-    config: TraceConfig, entry: dict, target: Target, rollouts: Callable[[EnvConfig, list[int], str], Groups],
+    config: TraceConfig,
+    entry: dict,
+    target: Target,
+    rollouts: Callable[[EnvConfig, list[int], str], Groups],
 ) -> dict[str, Any]:
     """Build, check and calibrate one capability's environment; returns its final spec."""
     name = entry["name"]
@@ -152,9 +168,16 @@ def synthesize_capability(
     folder.mkdir(parents=True, exist_ok=True)
     spec_path = folder / "spec.json"
     spec: dict[str, Any] = {
-        "capability": name, "description": entry.get("description", ""), "target": target.name,
-        "source": config.synthesis.name, "model": config.model.name,
-        "sampling": {"temperature": config.temperature, "top_p": config.top_p, "max_new_tokens": config.model.sampling.max_new_tokens},
+        "capability": name,
+        "description": entry.get("description", ""),
+        "target": target.name,
+        "source": config.synthesis.name,
+        "model": config.model.name,
+        "sampling": {
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+            "max_new_tokens": config.model.sampling.max_new_tokens,
+        },
     }
     if config.synthesis.name == "templates":
         template = target_templates(target.name)[name]
@@ -181,15 +204,25 @@ def synthesize_capability(
         return calibration_stats(groups, tuple(config.calibration.pass_at))
 
     calibration = config.calibration
-    band = Band(tuple(calibration.band.mean_reward), tuple(calibration.band.success_rate),
-                calibration.band.max_all_success, calibration.band.max_all_zero)
+    band = Band(
+        tuple(calibration.band.mean_reward),
+        tuple(calibration.band.success_rate),
+        calibration.band.max_all_success,
+        calibration.band.max_all_zero,
+    )
     result = search_difficulty(evaluate, levels, start, band, calibration.max_rounds)
     spec.update(difficulty=result.difficulty, in_band=result.in_band, self_checks=checks[result.difficulty])
     write_json(folder / "calibration.json", {"capability": name, "band": vars(calibration.band), **result.to_json()})
     table = calibration_table(result.rounds)
-    verdict = "in band" if result.in_band else f"no level tried was in band; the nearest is kept and the status is {OUT_OF_BAND}"
+    verdict = (
+        "in band"
+        if result.in_band
+        else f"no level tried was in band; the nearest is kept and the status is {OUT_OF_BAND}"
+    )
     with atomic_path(folder / "calibration.md") as scratch:
-        Path(scratch).write_text(f"# Calibration of {name}\n\nChosen difficulty {result.difficulty} ({verdict}).\n\n{table}\n")
+        Path(scratch).write_text(
+            f"# Calibration of {name}\n\nChosen difficulty {result.difficulty} ({verdict}).\n\n{table}\n"
+        )
     write_json(spec_path, spec)
     spec["chosen"] = result.chosen
     return spec
@@ -205,14 +238,17 @@ def check_sources(config: TraceConfig, entries: list[dict]) -> None:
     if missing:
         raise TraceRayError(
             f"env={config.env.name} has no template for {', '.join(missing)}; generate them with synthesis=llm "
-            "synthesis.base_url=http://HOST:PORT/v1 synthesis.model=NAME, or leave them out with synthesis.capabilities=[...]"
+            "synthesis.base_url=http://HOST:PORT/v1 synthesis.model=NAME, or leave them out with "
+            "synthesis.capabilities=[...]"
         )
 
 
 def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Groups] | None = None) -> None:
     run_dir = Path(config.run_dir)
     if config.env.name == "synthetic":
-        raise TraceRayError("env= names the target environment the capabilities come from (e.g. env=device), not a synthetic one")
+        raise TraceRayError(
+            "env= names the target environment the capabilities come from (e.g. env=device), not a synthetic one"
+        )
     entries = capabilities_to_synthesize(run_dir, config.synthesis.capabilities)
     check_sources(config, entries)
     target = describe_target(config)
@@ -229,14 +265,20 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
     )
     failed = [row[0] for row in rows if row[-1] == "FAILED"]
     if len(failed) == len(rows):
-        raise TraceRayError(f"no capability got an environment ({', '.join(failed)}); see the reasons in {selection_path(run_dir)}")
+        raise TraceRayError(
+            f"no capability got an environment ({', '.join(failed)}); see the reasons in {selection_path(run_dir)}"
+        )
     outside = [row[0] for row in rows if row[-1] == OUT_OF_BAND]
     if outside:
-        console.print(f"trace-ray train skips {', '.join(outside)} ({OUT_OF_BAND}) unless synthesis.accept_out_of_band=true")
+        console.print(
+            f"trace-ray train skips {', '.join(outside)} ({OUT_OF_BAND}) unless synthesis.accept_out_of_band=true"
+        )
     console.print(f"train one with env=synthetic/<capability> run_dir={run_dir}")
 
 
-def synthesize_all(config: TraceConfig, entries: list[dict], target: Target, rollouts: Callable[[EnvConfig, list[int], str], Groups]) -> list[tuple]:
+def synthesize_all(
+    config: TraceConfig, entries: list[dict], target: Target, rollouts: Callable[[EnvConfig, list[int], str], Groups]
+) -> list[tuple]:
     """Each capability's environment, until ``synthesis.stop_after`` are trainable; one summary row each."""
     run_dir = Path(config.run_dir)
     rows = []
@@ -245,7 +287,9 @@ def synthesize_all(config: TraceConfig, entries: list[dict], target: Target, rol
         name = entry["name"]
         if stop_after is not None and ready >= stop_after:
             rest = ", ".join(e["name"] for e in entries[position:])
-            console.print(f"{stop_after} capabilities trainable (synthesis.stop_after): {rest} left PENDING", soft_wrap=True)
+            console.print(
+                f"{stop_after} capabilities trainable (synthesis.stop_after): {rest} left PENDING", soft_wrap=True
+            )
             break
         console.print(f"[bold]{name}[/bold]: synthesis={config.synthesis.name}")
         try:
@@ -264,8 +308,15 @@ def synthesize_all(config: TraceConfig, entries: list[dict], target: Target, rol
             set_status(run_dir, name, status, reason, chosen.figures())
             console.print(f"[yellow]{name} {status}[/yellow]: {reason}", soft_wrap=True)
         ready += trainable({"status": status, "nearest_level": chosen.figures()}, config.synthesis)
-        rows.append((
-            name, spec["source"], str(spec["difficulty"]), "yes" if spec["in_band"] else "no",
-            f"{chosen.stats.mean_reward:.3f}", f"{chosen.stats.success_rate:.3f}", status,
-        ))
+        rows.append(
+            (
+                name,
+                spec["source"],
+                str(spec["difficulty"]),
+                "yes" if spec["in_band"] else "no",
+                f"{chosen.stats.mean_reward:.3f}",
+                f"{chosen.stats.success_rate:.3f}",
+                status,
+            )
+        )
     return rows

@@ -37,14 +37,21 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from trace_ray.capabilities.selection_file import OUT_OF_BAND, READY, informative_fraction, read_selection, selection_path, trainable
-from trace_ray.app.pipeline import job_name
 from actors.ray_connection import connect_ray
 from actors.train_worker import BatchMailbox, train_loop_per_worker
+from environments.errors import TraceRayError
+from trace_ray.app.sweeps import job_name
+from trace_ray.capabilities.selection_file import (
+    OUT_OF_BAND,
+    READY,
+    informative_fraction,
+    read_selection,
+    selection_path,
+    trainable,
+)
 from trace_ray.config import GRPOConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import synthetic_env_config
-from environments.errors import TraceRayError
 from trace_ray.resources import cluster_nodes, cluster_summary, fit_training, training_roles
 from trace_ray.run_manifest import config_values, digest, tree_hash
 from trace_ray.training.grpo_iteration import TrainJob
@@ -53,10 +60,21 @@ from trace_ray.training.training_log import read_metrics
 HELP = "train one LoRA adapter per READY capability with GRPO on Ray Train (run_dir/adapters/<name>/)"
 POLL_S = 2.0
 # grpo keys a resumed run may change: when it stops and how often it checkpoints
-RESUMABLE_GRPO_KEYS = ("iterations", "max_iterations", "max_rollouts", "plateau_patience", "plateau_delta", "checkpoint_every")
+RESUMABLE_GRPO_KEYS = (
+    "iterations",
+    "max_iterations",
+    "max_rollouts",
+    "plateau_patience",
+    "plateau_delta",
+    "checkpoint_every",
+)
 # the settings that shape an adapter (with its name and environment): a change starts another Ray Train run
 TRAINING_KEYS = (
-    "model", "lora", "seed", "rollout.max_episode_tokens", "trainer.strategy",
+    "model",
+    "lora",
+    "seed",
+    "rollout.max_episode_tokens",
+    "trainer.strategy",
     *(f"grpo.{f.name}" for f in dataclasses.fields(GRPOConfig) if f.name not in RESUMABLE_GRPO_KEYS),
 )
 
@@ -72,7 +90,8 @@ def trainable_entries(config: TraceConfig, run_dir: Path) -> list[dict]:
             raise TraceRayError(f"capability={config.capability!r} is not in {path}; choose one of its names")
         if entries[0].get("status") not in (READY, OUT_OF_BAND):
             raise TraceRayError(
-                f"capability {config.capability!r} is {entries[0].get('status')}, not READY; run trace-ray synthesize run_dir={run_dir}"
+                f"capability {config.capability!r} is {entries[0].get('status')}, not READY; run trace-ray synthesize "
+                f"run_dir={run_dir}"
             )
     accept = config.synthesis.accept_out_of_band
     outside = [entry for entry in entries if entry.get("status") == OUT_OF_BAND]
@@ -80,19 +99,28 @@ def trainable_entries(config: TraceConfig, run_dir: Path) -> list[dict]:
         if trainable(entry, config.synthesis):
             verdict = "trained anyway (synthesis.accept_out_of_band=true)"
         else:
-            verdict = "skipped" if not accept else (
-                f"skipped, too little GRPO signal ({informative_fraction(entry):.2f} of its calibration groups informative, "
-                f"synthesis.min_informative_fraction={config.synthesis.min_informative_fraction or 0}; "
-                "synthesis.train_without_signal=true trains it)"
+            verdict = (
+                "skipped"
+                if not accept
+                else (
+                    f"skipped, too little GRPO signal ({informative_fraction(entry):.2f} of its calibration groups "
+                    "informative, "
+                    f"synthesis.min_informative_fraction={config.synthesis.min_informative_fraction or 0}; "
+                    "synthesis.train_without_signal=true trains it)"
+                )
             )
-        console.print(f"{entry['name']}: {OUT_OF_BAND}, {verdict}: {entry.get('reason', 'no difficulty level in band')}", soft_wrap=True)
+        console.print(
+            f"{entry['name']}: {OUT_OF_BAND}, {verdict}: {entry.get('reason', 'no difficulty level in band')}",
+            soft_wrap=True,
+        )
     chosen = [entry for entry in entries if trainable(entry, config.synthesis)]
     if not chosen and outside:
         names = ", ".join(entry["name"] for entry in outside)
         anyway = "" if accept else "train them anyway with synthesis.accept_out_of_band=true, or "
         signal = ", and too few groups of its nearest level had unequal rewards" if accept else ""
         raise TraceRayError(
-            f"no capability of {path} is trainable ({names}: {OUT_OF_BAND}, calibration found no difficulty in band{signal}); "
+            f"no capability of {path} is trainable ({names}: {OUT_OF_BAND}, calibration found no difficulty in "
+            f"band{signal}); "
             f"{anyway}re-synthesize them (trace-ray synthesize run_dir={run_dir} with other calibration.band or "
             "calibration.max_rounds) or synthesize other capabilities"
         )
@@ -137,16 +165,22 @@ def fit_cluster(config: TraceConfig) -> TraceConfig:
     before, after = config.trainer.cpus_per_worker, fitted.trainer.cpus_per_worker
     if after != before:
         console.print(
-            f"trainer.cpus_per_worker={before:g} lowered to {after:g}: the training job asks for {job_resources(config)['CPU']:g} "
-            f"CPUs, the cluster has {cluster_summary(nodes)}; the Ray Train workers share cores with the rollout workers, "
-            "which take turns with them", soft_wrap=True,
+            f"trainer.cpus_per_worker={before:g} lowered to {after:g}: the training job asks for "
+            f"{job_resources(config)['CPU']:g} "
+            f"CPUs, the cluster has {cluster_summary(nodes)}; the Ray Train workers share cores with the rollout "
+            "workers, "
+            "which take turns with them",
+            soft_wrap=True,
         )
     return fitted
 
 
 def concurrent_slots(requested: int, jobs: int, need: dict[str, float], available: dict[str, float]) -> int:
     """How many jobs run at once: at most ``requested`` and ``jobs``, as many as ``available`` holds, at least 1."""
-    fits = min((math.floor(available.get(key, 0.0) / amount + 1e-9) for key, amount in need.items() if amount > 0), default=jobs)
+    fits = min(
+        (math.floor(available.get(key, 0.0) / amount + 1e-9) for key, amount in need.items() if amount > 0),
+        default=jobs,
+    )
     return max(1, min(requested, jobs, fits))
 
 
@@ -158,8 +192,12 @@ def sharing_cores(config: TraceConfig, slots: int) -> TraceConfig:
     trainer, rollout = config.trainer, config.rollout
     return dataclasses.replace(
         config,
-        trainer=dataclasses.replace(trainer, torch_threads=trainer.torch_threads or max(1, cores // (trainer.num_workers * slots))),
-        rollout=dataclasses.replace(rollout, worker_threads=rollout.worker_threads or max(1, cores // (rollout.num_workers * slots))),
+        trainer=dataclasses.replace(
+            trainer, torch_threads=trainer.torch_threads or max(1, cores // (trainer.num_workers * slots))
+        ),
+        rollout=dataclasses.replace(
+            rollout, worker_threads=rollout.worker_threads or max(1, cores // (rollout.num_workers * slots))
+        ),
     )
 
 
@@ -189,13 +227,17 @@ def torch_trainer(config: TraceConfig, job: TrainJob, mailbox):
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": config, "job": job, "mailbox": mailbox},
-        torch_config=TorchConfig(backend="nccl" if trainer_config.use_gpu else "gloo", timeout_s=trainer_config.collective_timeout_s),
+        torch_config=TorchConfig(
+            backend="nccl" if trainer_config.use_gpu else "gloo", timeout_s=trainer_config.collective_timeout_s
+        ),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=trainer_config.num_workers, use_gpu=trainer_config.use_gpu,
+            num_workers=trainer_config.num_workers,
+            use_gpu=trainer_config.use_gpu,
             resources_per_worker={"CPU": trainer_config.cpus_per_worker, **gpu_share(trainer_config)},
         ),
         run_config=ray.train.RunConfig(
-            name=run_name(config, job), storage_path=storage,
+            name=run_name(config, job),
+            storage_path=storage,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
             failure_config=ray.train.FailureConfig(max_failures=0),
         ),
@@ -233,7 +275,9 @@ def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
             rows = pq.read_table(metrics_path, columns=["iteration", "reward_mean"]).to_pylist()
             if rows:
                 last = rows[-1]
-                progress.update(bar, completed=last["iteration"], description=f"GRPO {job.name} reward {last['reward_mean']:.3f}")
+                progress.update(
+                    bar, completed=last["iteration"], description=f"GRPO {job.name} reward {last['reward_mean']:.3f}"
+                )
     progress.remove_task(bar)
     thread.join()
     if mailbox is not None:
@@ -269,7 +313,9 @@ def distinct_outputs(plan: list[tuple[TraceConfig, list[TrainJob]]]) -> list[tup
     for config, jobs in plan:
         renamed = []
         for job in jobs:
-            sharing = [other for other, others in plan if other is not config and any(o.output == job.output for o in others)]
+            sharing = [
+                other for other, others in plan if other is not config and any(o.output == job.output for o in others)
+            ]
             if sharing:
                 name = f"{job.name}__{job_name(config, sharing)}"
                 job = dataclasses.replace(job, name=name, output=str(Path(job.output).with_name(name)))
@@ -302,7 +348,10 @@ def train_all(config: TraceConfig, jobs: list[TrainJob]) -> None:
         need = job_resources(config)
         slots = concurrent_slots(config.trainer.concurrent_jobs, len(jobs), need, ray.available_resources())
         if slots < min(config.trainer.concurrent_jobs, len(jobs)):
-            console.print(f"the cluster holds {slots} training job(s) at once (each needs {need['CPU']:g} CPU, {need['GPU']:g} GPU); running {slots}")
+            console.print(
+                f"the cluster holds {slots} training job(s) at once (each needs {need['CPU']:g} CPU, "
+                f"{need['GPU']:g} GPU); running {slots}"
+            )
     config = sharing_cores(config, slots)
 
     def train_one(job: TrainJob) -> tuple[str, ...]:
@@ -313,8 +362,12 @@ def train_all(config: TraceConfig, jobs: list[TrainJob]) -> None:
             raise TraceRayError(f"training {job.name} reported no iteration; see the Ray logs")
         first, last = history[0], history[-1]
         return (
-            job.name, str(last["iteration"]), f"{first['reward_mean']:.3f}", f"{last['reward_mean']:.3f}",
-            f"{max(h['reward_mean'] for h in history):.3f}", "plateau" if last.get("stopped_on_plateau") else "iterations",
+            job.name,
+            str(last["iteration"]),
+            f"{first['reward_mean']:.3f}",
+            f"{last['reward_mean']:.3f}",
+            f"{max(h['reward_mean'] for h in history):.3f}",
+            "plateau" if last.get("stopped_on_plateau") else "iterations",
         )
 
     with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(slots) as pool:

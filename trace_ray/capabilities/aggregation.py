@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_ray.capabilities.run_files import RunFile, validate_run
 from environments.errors import TraceRayError
+from trace_ray.capabilities.run_files import RunFile, validate_run
 
 UNDEFINED_RATE_POLICIES = ("zero", "fail")
 EXAMPLE_CASES = 8  # example_failed_cases per capability
@@ -215,12 +215,15 @@ def aggregate(runs: list[RunFile], descriptions: dict[str, str], settings: Selec
             if name not in run.labels:
                 warnings.append(f"{run_name}: capability '{name}' is not labelled; counted as not passing this run")
                 continue
-            stats, notes = run_stats(run.labels[name], run.total_failed, settings.rho, settings.delta, settings.undefined_rate)
+            stats, notes = run_stats(
+                run.labels[name], run.total_failed, settings.rho, settings.delta, settings.undefined_rate
+            )
             per_cap[name].append(stats)
             lacking[name].update(run.labels[name]["lacking_failed"])
             warnings += [f"{run_name}: capability '{name}': {note}" for note in notes]
     everything = [
-        _summarize(name, descriptions.get(name, ""), per_cap[name], lacking[name], len(runs), settings) for name in names
+        _summarize(name, descriptions.get(name, ""), per_cap[name], lacking[name], len(runs), settings)
+        for name in names
     ]
     everything.sort(key=lambda cap: (cap.mean_delta is None, -(cap.mean_delta or 0.0), cap.name))
     return Aggregation(everything, [cap for cap in everything if cap.passes_consistency], warnings)
@@ -260,4 +263,3 @@ def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
     if not defined:
         return None, None
     return float(np.mean(defined)), float(np.std(defined, ddof=0))
-

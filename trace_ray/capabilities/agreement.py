@@ -31,5 +31,7 @@ def agreement(first: dict[str, dict[str, str]], second: dict[str, dict[str, str]
     for capability in sorted(set(first) & set(second)):
         shared = sorted(set(first[capability]) & set(second[capability]))
         if shared:
-            result[capability] = cohens_kappa([first[capability][i] for i in shared], [second[capability][i] for i in shared])
+            result[capability] = cohens_kappa(
+                [first[capability][i] for i in shared], [second[capability][i] for i in shared]
+            )
     return result

@@ -24,10 +24,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from environments.errors import TraceRayError
 from trace_ray.artifacts import write_json
 from trace_ray.capabilities.run_files import LABEL_LISTS, RunFile, write_run_file
 from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
-from environments.errors import TraceRayError
 
 LABELER_MANIFEST = "_labeler.json"
 CANDIDATES = "candidates.json"
@@ -37,7 +37,9 @@ _LIST_NAME = {NA: "na", PRESENT: "present", LACKING: "lacking"}
 
 def trajectories_digest(trajectories: list[Trajectory]) -> str:
     """Identifies a labeled trajectory set: ids and outcomes."""
-    text = "\n".join(f"{trajectory.id}:{int(trajectory.success)}" for trajectory in sorted(trajectories, key=lambda t: t.id))
+    text = "\n".join(
+        f"{trajectory.id}:{int(trajectory.success)}" for trajectory in sorted(trajectories, key=lambda t: t.id)
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -79,7 +81,9 @@ def candidates_document(descriptions: dict[str, str], labels: dict[str, dict[str
             {
                 "name": name,
                 "description": description,
-                "example_trajectories": sorted(i for i, label in labels.get(name, {}).items() if label == LACKING)[:EXAMPLES_PER_CANDIDATE],
+                "example_trajectories": sorted(i for i, label in labels.get(name, {}).items() if label == LACKING)[
+                    :EXAMPLES_PER_CANDIDATE
+                ],
             }
             for name, description in descriptions.items()
         ]
@@ -95,7 +99,9 @@ def read_candidates(folder: Path) -> dict[str, str]:
         document = json.loads(path.read_text())
         return {entry["name"]: entry.get("description", "") for entry in document["candidates"]}
     except (json.JSONDecodeError, KeyError, TypeError):
-        raise TraceRayError(f"{path} is not a candidates file ({{\"candidates\": [{{\"name\", \"description\"}}]}}); fix or delete it") from None
+        raise TraceRayError(
+            f'{path} is not a candidates file ({{"candidates": [{{"name", "description"}}]}}); fix or delete it'
+        ) from None
 
 
 def cached_labeler(folder: Path) -> dict[str, Any] | None:
@@ -109,7 +115,8 @@ def cached_labeler(folder: Path) -> dict[str, Any] | None:
         return json.loads(manifest.read_text())
     if any(folder.glob("run_*.json")):
         raise TraceRayError(
-            f"{folder} holds run files this project did not write; aggregate them with labeler=precomputed or choose another run_dir"
+            f"{folder} holds run files this project did not write; aggregate them with labeler=precomputed or choose "
+            "another run_dir"
         )
     return None
 

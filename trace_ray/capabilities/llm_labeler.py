@@ -19,10 +19,11 @@ import hashlib
 import json
 import random
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from trace_ray.capabilities.trajectories import LABELS, Trajectory
 from environments.errors import TraceRayError
+from trace_ray.capabilities.trajectories import LABELS, Trajectory
 from trace_ray.llm_client import LLMClient, one_line
 
 RESULT_CHARS = 300  # a tool call's arguments and result, each, in a compacted trajectory
@@ -56,7 +57,7 @@ def cut_middle(text: str, max_chars: int) -> str:
         return text
     keep = max(0, max_chars - len(CUT_MARKER))
     head = keep * 2 // 3
-    return text[:head] + CUT_MARKER + text[len(text) - (keep - head):]
+    return text[:head] + CUT_MARKER + text[len(text) - (keep - head) :]
 
 
 def _message_lines(messages: Any) -> list[str]:
@@ -118,8 +119,14 @@ def _parse_json(answer: str) -> Any:
 
 
 def _ask(
-    client: LLMClient, messages: list[dict], seed: int, temperature: float,
-    schema: dict, validate: Callable[[Any], Any], max_repairs: int, what: str,
+    client: LLMClient,
+    messages: list[dict],
+    seed: int,
+    temperature: float,
+    schema: dict,
+    validate: Callable[[Any], Any],
+    max_repairs: int,
+    what: str,
 ) -> Any:
     """``validate``'s result for the model's answer, after at most ``max_repairs`` corrections.
 
@@ -127,7 +134,7 @@ def _ask(
     checks it either way (it also checks what a schema cannot, such as unique names).
     """
     messages = list(messages)
-    for repair in range(max_repairs + 1):
+    for _repair in range(max_repairs + 1):
         answer = client.chat(messages, seed=seed, temperature=temperature, schema=schema)
         try:
             return validate(_parse_json(answer))
@@ -168,10 +175,13 @@ def candidates_schema(max_candidates: int, known_ids: list[str]) -> dict:
     candidate = {
         "type": "object",
         "properties": {
-            "name": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,%d}$" % (NAME_CHARS - 1)},
+            "name": {"type": "string", "pattern": f"^[a-z][a-z0-9_]{{0,{NAME_CHARS - 1}}}$"},
             "description": {"type": "string", "minLength": 1, "maxLength": DESCRIPTION_CHARS},
             "example_trajectories": {
-                "type": "array", "items": {"type": "string", "enum": known_ids}, "minItems": 1, "maxItems": MAX_EXAMPLES,
+                "type": "array",
+                "items": {"type": "string", "enum": known_ids},
+                "minItems": 1,
+                "maxItems": MAX_EXAMPLES,
             },
         },
         "required": ["name", "description", "example_trajectories"],
@@ -215,8 +225,13 @@ def _candidates_validator(max_candidates: int, known_ids: set[str]) -> Callable[
 
 
 def propose_candidates(
-    client: LLMClient, trajectories: list[Trajectory], max_candidates: int,
-    seed: int, temperature: float, max_chars: int, max_repairs: int = 2,
+    client: LLMClient,
+    trajectories: list[Trajectory],
+    max_candidates: int,
+    seed: int,
+    temperature: float,
+    max_chars: int,
+    max_repairs: int = 2,
 ) -> dict[str, dict]:
     """Name -> {"description", "example_trajectories"}: up to ``max_candidates`` capabilities the failures lack."""
     if not trajectories:
@@ -224,7 +239,10 @@ def propose_candidates(
     shown = _shown(trajectories, max_chars, seed)
     sections = [
         f"{title} trajectories:\n\n" + "\n\n".join(compact_trajectory(t, max_chars) for t in group)
-        for title, group in (("Failed", [t for t in shown if not t.success]), ("Successful", [t for t in shown if t.success]))
+        for title, group in (
+            ("Failed", [t for t in shown if not t.success]),
+            ("Successful", [t for t in shown if t.success]),
+        )
         if group
     ]
     request = (
@@ -294,15 +312,21 @@ def labeling_request(candidates: dict[str, str], trajectory: Trajectory, max_cha
     """The labeling prompt of one trajectory: the capabilities, then its conversation without any outcome."""
     return (
         f"Capabilities (name: description):\n{json.dumps(candidates, indent=1)}\n\n"
-        f"Trajectory (requests, tool calls with results, final reply):\n{compact_messages(trajectory.messages, max_chars)}\n\n"
-        'Label every capability above, and no other, with NA, PRESENT or LACKING. Answer with strict JSON only: '
+        "Trajectory (requests, tool calls with results, final "
+        f"reply):\n{compact_messages(trajectory.messages, max_chars)}\n\n"
+        "Label every capability above, and no other, with NA, PRESENT or LACKING. Answer with strict JSON only: "
         '{"labels": {"capability_name": "NA" | "PRESENT" | "LACKING"}}'
     )
 
 
 def label_trajectories_llm(
-    client: LLMClient, trajectories: list[Trajectory], candidates: dict[str, str],
-    seed: int, temperature: float, max_chars: int, max_repairs: int = 2,
+    client: LLMClient,
+    trajectories: list[Trajectory],
+    candidates: dict[str, str],
+    seed: int,
+    temperature: float,
+    max_chars: int,
+    max_repairs: int = 2,
 ) -> dict[str, dict[str, str]]:
     """Capability -> trajectory id -> label, one request per trajectory (seed + the trajectory's offset)."""
     names = list(candidates)
@@ -311,8 +335,16 @@ def label_trajectories_llm(
     for trajectory in trajectories:
         request = labeling_request(candidates, trajectory, max_chars)
         messages = [{"role": "system", "content": LABEL_SYSTEM}, {"role": "user", "content": request}]
-        found = _ask(client, messages, seed + seed_offset(trajectory.id), temperature, schema, validate, max_repairs,
-                     f"labels of {trajectory.id}")
+        found = _ask(
+            client,
+            messages,
+            seed + seed_offset(trajectory.id),
+            temperature,
+            schema,
+            validate,
+            max_repairs,
+            f"labels of {trajectory.id}",
+        )
         for name, label in found.items():
             labels[name][trajectory.id] = label
     return labels

@@ -25,12 +25,13 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from environments.capabilities import CAPABILITIES
-from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
 from environments.errors import TraceRayError
+from trace_ray.capabilities.trajectories import LACKING, NA, PRESENT, Trajectory
 
 TIME_TOLERANCE_S = 60
 ASK_USER = "ask_user"
@@ -134,17 +135,24 @@ def _matches(role: str, given: Any, expected: Any) -> bool:
     if role == "text":
         return isinstance(given, str) and all(_mentions(given, word) for word in expected)
     if role == "time":
-        return isinstance(given, (int, float)) and not isinstance(given, bool) and abs(given - expected) <= TIME_TOLERANCE_S
+        return (
+            isinstance(given, (int, float))
+            and not isinstance(given, bool)
+            and abs(given - expected) <= TIME_TOLERANCE_S
+        )
     if isinstance(expected, str):
         if not isinstance(given, str):
             return False
         digits = _phone_digits(expected)
-        return given.strip().casefold() == expected.strip().casefold() or (digits is not None and _phone_digits(given) == digits)
+        return given.strip().casefold() == expected.strip().casefold() or (
+            digits is not None and _phone_digits(given) == digits
+        )
     return _canonical(given) == _canonical(expected)
 
 
 def _canonical(value: Any) -> str:
-    """A value as a comparable string: strings without case, integers equal to floats, lists as multisets, objects by key."""
+    """A value as a comparable string: strings without case, integers equal to floats, lists as multisets, objects by
+    key."""
     if isinstance(value, str):
         return json.dumps(value.strip().casefold())
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -152,7 +160,9 @@ def _canonical(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ",".join(sorted(_canonical(item) for item in value)) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(sorted(json.dumps(str(key)) + ":" + _canonical(item) for key, item in value.items())) + "}"
+        return (
+            "{" + ",".join(sorted(json.dumps(str(key)) + ":" + _canonical(item) for key, item in value.items())) + "}"
+        )
     return json.dumps(value)
 
 
@@ -162,7 +172,8 @@ def agrees(call: Call, action: dict[str, Any], roles: Iterable[str]) -> bool:
         return False
     return all(
         _matches(role, call.arguments.get(name), action["arguments"][name])
-        for name, role in action["roles"].items() if role in roles
+        for name, role in action["roles"].items()
+        if role in roles
     )
 
 
@@ -181,12 +192,15 @@ def permission_error_recovery(trajectory: Trajectory, evidence: dict) -> str:
     if "permission_error_recovery" not in evidence.get("needs", []):
         return NA
     made = calls(trajectory)
-    recovered = all(any(call.ok and agrees(call, blocker, ["literal"]) for call in made) for blocker in evidence["blockers"])
+    recovered = all(
+        any(call.ok and agrees(call, blocker, ["literal"]) for call in made) for blocker in evidence["blockers"]
+    )
     return PRESENT if recovered else LACKING
 
 
 def datetime_reasoning(trajectory: Trajectory, evidence: dict) -> str:
-    """Needed when the task computes a timestamp (an action with a ``time`` argument) or reports a date or time (``time_reports``).
+    """Needed when the task computes a timestamp (an action with a ``time`` argument) or reports a date or time
+    (``time_reports``).
 
     PRESENT when each time-carrying action the agent called was called at least once
     with the expected timestamp (within 60 s) and every time report was reached;
@@ -215,7 +229,11 @@ def tool_calling_precision(trajectory: Trajectory, evidence: dict) -> str:
     if "tool_calling_precision" not in evidence.get("needs", []):
         return NA
     made = calls(trajectory)
-    attempted = [action for action in _with_role(evidence, "literal", "text") if any(call.name == action["tool"] for call in made)]
+    attempted = [
+        action
+        for action in _with_role(evidence, "literal", "text")
+        if any(call.name == action["tool"] for call in made)
+    ]
     precise = all(any(agrees(call, action, ["literal", "text"]) for call in made) for action in attempted)
     return PRESENT if attempted and precise else LACKING
 
@@ -261,9 +279,11 @@ def precondition_verification(trajectory: Trajectory, evidence: dict) -> str:
 
 
 def structured_data_reasoning(trajectory: Trajectory, evidence: dict) -> str:
-    """Needed when an action takes an ``entity`` from tool results or the answer is chosen among records (``choice_reports``).
+    """Needed when an action takes an ``entity`` from tool results or the answer is chosen among records
+    (``choice_reports``).
 
-    An entity is e.g. a contact's number or a reminder's id. PRESENT when every call of an entity-taking tool that names the entity names
+    An entity is e.g. a contact's number or a reminder's id. PRESENT when every call of an entity-taking tool that
+    names the entity names
     an expected one, at least one such call was made (unless the task only has
     choice reports), and every choice report was reached; LACKING when the agent
     picked a wrong entity even once, never used one, or reported a wrong choice.
@@ -273,11 +293,15 @@ def structured_data_reasoning(trajectory: Trajectory, evidence: dict) -> str:
     if "structured_data_reasoning" not in evidence.get("needs", []):
         return NA
     actions = _with_role(evidence, "entity")
-    entity_arguments = {(action["tool"], name) for action in actions for name, role in action["roles"].items() if role == "entity"}
+    entity_arguments = {
+        (action["tool"], name) for action in actions for name, role in action["roles"].items() if role == "entity"
+    }
     refused = {(failed["tool"], _canonical(failed["arguments"])) for failed in evidence.get("failed_calls", [])}
     used = [
-        call for call in calls(trajectory)
-        if call.arguments is not None and any((call.name, name) in entity_arguments for name in call.arguments)
+        call
+        for call in calls(trajectory)
+        if call.arguments is not None
+        and any((call.name, name) in entity_arguments for name in call.arguments)
         and (call.name, _canonical(call.arguments)) not in refused
     ]
     right = all(any(agrees(call, action, ["entity"]) for action in actions) for call in used)
@@ -311,7 +335,9 @@ def _code_calls(trajectory: Trajectory, evidence: dict, capability: str) -> tupl
     return found, [index for index, call in enumerate(found) if call.name == EDIT]
 
 
-def _around_edits(trajectory: Trajectory, evidence: dict, capability: str, done: Callable[[Call], bool], after: bool) -> str:
+def _around_edits(
+    trajectory: Trajectory, evidence: dict, capability: str, done: Callable[[Call], bool], after: bool
+) -> str:
     """NA when not needed; PRESENT when some call satisfies ``done`` before the first edit (``after``: after the last
     one); LACKING otherwise, and always when the agent never edited."""
     found = _code_calls(trajectory, evidence, capability)
@@ -320,7 +346,7 @@ def _around_edits(trajectory: Trajectory, evidence: dict, capability: str, done:
     sequence, edits = found
     if not edits:
         return LACKING
-    window = sequence[edits[-1] + 1:] if after else sequence[: edits[0]]
+    window = sequence[edits[-1] + 1 :] if after else sequence[: edits[0]]
     return PRESENT if any(done(call) for call in window) else LACKING
 
 
@@ -335,25 +361,45 @@ def _reads_lines(call: Call, path: str, lines: list[int]) -> bool:
 
 def _runs_failing_tests(call: Call, failing: list[str]) -> bool:
     target = (call.arguments or {}).get("target") or ""
-    return call.name == RUN and call.ok and (not target or any(test == target or test.startswith(target + "::") for test in failing))
+    return (
+        call.name == RUN
+        and call.ok
+        and (not target or any(test == target or test.startswith(target + "::") for test in failing))
+    )
 
 
 def code_localisation(trajectory: Trajectory, evidence: dict) -> str:
-    """Needed by every code-repair task: the buggy function was read (a line range that overlaps it) before the first edit."""
-    return _around_edits(trajectory, evidence, "code_localisation",
-                         lambda call: _reads_lines(call, evidence["bug_file"], evidence["function_lines"]), after=False)
+    """Needed by every code-repair task: the buggy function was read (a line range that overlaps it) before the first
+    edit."""
+    return _around_edits(
+        trajectory,
+        evidence,
+        "code_localisation",
+        lambda call: _reads_lines(call, evidence["bug_file"], evidence["function_lines"]),
+        after=False,
+    )
 
 
 def failure_reproduction(trajectory: Trajectory, evidence: dict) -> str:
     """Needed by every code-repair task: tests that show the failure were run before the first edit."""
-    return _around_edits(trajectory, evidence, "failure_reproduction",
-                         lambda call: _runs_failing_tests(call, evidence["fail_to_pass"]), after=False)
+    return _around_edits(
+        trajectory,
+        evidence,
+        "failure_reproduction",
+        lambda call: _runs_failing_tests(call, evidence["fail_to_pass"]),
+        after=False,
+    )
 
 
 def fix_verification(trajectory: Trajectory, evidence: dict) -> str:
     """Needed by every code-repair task: the tests that showed the failure were run after the last edit."""
-    return _around_edits(trajectory, evidence, "fix_verification",
-                         lambda call: _runs_failing_tests(call, evidence["fail_to_pass"]), after=True)
+    return _around_edits(
+        trajectory,
+        evidence,
+        "fix_verification",
+        lambda call: _runs_failing_tests(call, evidence["fail_to_pass"]),
+        after=True,
+    )
 
 
 def edit_precision(trajectory: Trajectory, evidence: dict) -> str:
@@ -367,13 +413,17 @@ def edit_precision(trajectory: Trajectory, evidence: dict) -> str:
 
 
 def minimal_change(trajectory: Trajectory, evidence: dict) -> str:
-    """Needed by every code-repair task: every applied edit stays inside the buggy function (its file, a snippet of it)."""
+    """Needed by every code-repair task: every applied edit stays inside the buggy function (its file, a snippet of
+    it)."""
     found = _code_calls(trajectory, evidence, "minimal_change")
     if found is None:
         return NA
     sequence, edits = found
     applied = [sequence[index].arguments or {} for index in edits if sequence[index].ok]
-    inside = [edit.get("path") == evidence["bug_file"] and str(edit.get("old", "")) in evidence["function_source"] for edit in applied]
+    inside = [
+        edit.get("path") == evidence["bug_file"] and str(edit.get("old", "")) in evidence["function_source"]
+        for edit in applied
+    ]
     return PRESENT if inside and all(inside) else LACKING
 
 
@@ -392,7 +442,9 @@ DETECTORS: dict[str, Callable[[Trajectory, dict], str]] = {
     "minimal_change": minimal_change,
 }
 
-CATALOGUE: dict[str, Capability] = {name: Capability(name, CAPABILITIES[name], detect) for name, detect in DETECTORS.items()}
+CATALOGUE: dict[str, Capability] = {
+    name: Capability(name, CAPABILITIES[name], detect) for name, detect in DETECTORS.items()
+}
 
 
 def label_trajectories(

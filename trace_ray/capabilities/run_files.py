@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_ray.artifacts import write_json
 from environments.errors import TraceRayError
+from trace_ray.artifacts import write_json
 
 LABEL_LISTS = ("lacking_failed", "present_failed", "na_failed", "lacking_passed", "present_passed", "na_passed")
 FAILED_LISTS = LABEL_LISTS[:3]
@@ -51,7 +51,9 @@ def read_run_file(path: str | Path) -> RunFile:
     except UnicodeDecodeError:
         raise RunFileError(f"{path.name}: is not UTF-8 text") from None
     except json.JSONDecodeError as error:
-        raise RunFileError(f"{path.name}: invalid JSON ({error.msg} at line {error.lineno} column {error.colno})") from None
+        raise RunFileError(
+            f"{path.name}: invalid JSON ({error.msg} at line {error.lineno} column {error.colno})"
+        ) from None
     run = _parse(data, path)
     validate_run(run)
     return run

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trace_ray.config import SynthesisConfig
 from environments.errors import TraceRayError
+from trace_ray.config import SynthesisConfig
 
 READY = "READY"
 OUT_OF_BAND = "OUT_OF_BAND"
@@ -22,7 +22,9 @@ def selection_path(run_dir: Path) -> Path:
     return Path(run_dir) / "capabilities" / "selected.json"
 
 
-def read_selection(run_dir: Path, missing_hint: str = "run trace-ray identify run_dir=DIR first") -> list[dict[str, Any]]:
+def read_selection(
+    run_dir: Path, missing_hint: str = "run trace-ray identify run_dir=DIR first"
+) -> list[dict[str, Any]]:
     """The selected capabilities (a list of entries with names); one-line errors when missing or malformed."""
     path = selection_path(run_dir)
     if not path.is_file():
@@ -30,9 +32,15 @@ def read_selection(run_dir: Path, missing_hint: str = "run trace-ray identify ru
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise TraceRayError(f"{path} is not valid JSON ({exc.msg}); rerun trace-ray identify run_dir={run_dir}") from None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
-        raise TraceRayError(f"{path} is not a list of capabilities with names; rerun trace-ray identify run_dir={run_dir}")
+        raise TraceRayError(
+            f"{path} is not valid JSON ({exc.msg}); rerun trace-ray identify run_dir={run_dir}"
+        ) from None
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries
+    ):
+        raise TraceRayError(
+            f"{path} is not a list of capabilities with names; rerun trace-ray identify run_dir={run_dir}"
+        )
     return entries
 
 
@@ -52,7 +60,9 @@ def trainable(entry: dict[str, Any], synthesis: SynthesisConfig) -> bool:
     if entry.get("status") != OUT_OF_BAND or not synthesis.accept_out_of_band:
         return False
     share = informative_fraction(entry)
-    return synthesis.train_without_signal or (share > 1e-9 and share >= (synthesis.min_informative_fraction or 0.0) - 1e-9)
+    return synthesis.train_without_signal or (
+        share > 1e-9 and share >= (synthesis.min_informative_fraction or 0.0) - 1e-9
+    )
 
 
 def synthesized_entries(run_dir: Path) -> list[dict[str, Any]]:

@@ -41,7 +41,18 @@ def read_trajectories(run_dir: str | Path) -> list[Trajectory]:
     shards = sorted(folder.glob("part-*.parquet")) if folder.exists() else []
     if not shards:
         raise TraceRayError(f"no trajectories in {folder}; run trace-ray collect run_dir={run_dir} first")
-    columns = ["task_id", "env", "seed", "sample_index", "family", "success", "reward", "messages", "reward_info", "termination"]
+    columns = [
+        "task_id",
+        "env",
+        "seed",
+        "sample_index",
+        "family",
+        "success",
+        "reward",
+        "messages",
+        "reward_info",
+        "termination",
+    ]
     trajectories = []
     for shard in shards:
         for row in pq.read_table(shard, columns=columns).to_pylist():

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from environments.errors import TraceRayError
 
@@ -41,7 +42,13 @@ class Engine(Protocol):
     join the running batch.
     """
 
-    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None, on_token: OnToken | None = None) -> Future:
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        adapter: AdapterRef | None = None,
+        on_token: OnToken | None = None,
+    ) -> Future:
         """Start one generation with ``adapter`` (None: the base model); the future resolves to a Generation.
 
         ``on_token`` sees every sampled token first and may end the generation early (see :data:`OnToken`)."""

@@ -15,11 +15,23 @@ import torch
 NAME = "sdpa_grouped"
 
 
-def grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+def grouped_sdpa_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
+):
     """Same inputs and outputs as transformers' ``sdpa`` attention; never repeats key/value heads."""
-    is_causal = query.shape[2] > 1 and attention_mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    is_causal = (
+        query.shape[2] > 1
+        and attention_mask is None
+        and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    )
     output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=is_causal,
         enable_gqa=key.shape[1] != query.shape[1],
     )
     return output.transpose(1, 2).contiguous(), None

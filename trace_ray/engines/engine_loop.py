@@ -19,9 +19,10 @@ caches) can be freed: a live loop thread keeps its core alive.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -44,7 +45,8 @@ class Request:
     future: Future = field(default_factory=Future)
 
     def wants_more(self, token: int) -> bool:
-        """Tell ``on_token`` about a sampled token; False when the caller ends the generation (a failing callback ends it)."""
+        """Tell ``on_token`` about a sampled token; False when the caller ends the generation (a failing callback ends
+        it)."""
         if self.on_token is None:
             return True
         try:
@@ -58,7 +60,8 @@ class EngineCore(Protocol):
     room: int  # how many more requests the running batch takes
 
     def admit(self, requests: list[Request]) -> list[tuple[Request, Generation | BaseException]]:
-        """Add requests to the running batch; those already ended come back (finished at their first token, or failed)."""
+        """Add requests to the running batch; those already ended come back (finished at their first token, or
+        failed)."""
         ...
 
     def step(self) -> list[tuple[Request, Generation]]:
@@ -88,9 +91,14 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, requests: list[tuple[list[int], SamplingParams, AdapterRef | None]], on_token: OnToken | None = None) -> list[Future]:
+    def submit(
+        self, requests: list[tuple[list[int], SamplingParams, AdapterRef | None]], on_token: OnToken | None = None
+    ) -> list[Future]:
         """Queue generations ``(prompt, params, adapter)``, together; each future resolves to a :class:`Generation`."""
-        queued = [Request(list(prompt), params, adapter, request_generator(params.seed), on_token) for prompt, params, adapter in requests]
+        queued = [
+            Request(list(prompt), params, adapter, request_generator(params.seed), on_token)
+            for prompt, params, adapter in requests
+        ]
         with self._wakeup:
             if self._closed:
                 raise EngineClosedError("the engine is closed; make a new engine to generate again")
@@ -151,8 +159,15 @@ class LoopedEngine:
     def __init__(self):
         self._loop = EngineLoop(self)
 
-    def submit(self, prompt: list[int], params: SamplingParams, adapter: AdapterRef | None = None, on_token: OnToken | None = None) -> Future:
-        """Queue one generation; the future resolves to its :class:`Generation` (``on_token``: see ``engines/base.py``)."""
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        adapter: AdapterRef | None = None,
+        on_token: OnToken | None = None,
+    ) -> Future:
+        """Queue one generation; the future resolves to its :class:`Generation` (``on_token``: see
+        ``engines/base.py``)."""
         return self._loop.submit([(prompt, params, adapter)], on_token)[0]
 
     def generate(
@@ -187,7 +202,9 @@ class LoopedEngine:
         """Refuse a request for an adapter, or a version of it, the engine does not hold."""
         if adapter is not None and self.adapters().get(adapter[0]) != adapter[1]:
             have = ", ".join(f"{n} v{v}" for n, v in sorted(self.adapters().items())) or "none"
-            raise AdapterNotLoadedError(f"adapter {adapter[0]!r} version {adapter[1]} is not loaded (loaded: {have}); load it first")
+            raise AdapterNotLoadedError(
+                f"adapter {adapter[0]!r} version {adapter[1]} is not loaded (loaded: {have}); load it first"
+            )
 
     def _load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
         raise NotImplementedError

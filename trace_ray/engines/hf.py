@@ -228,10 +228,14 @@ class HFEngine(LoopedEngine):
                 else:
                     fresh.append(request)
             if fresh:
-                ended += self._prefill(adapter, fresh, *self._cached_prefix(adapter, self._peft_name(adapter), [r.prompt for r in fresh]))
+                ended += self._prefill(
+                    adapter, fresh, *self._cached_prefix(adapter, self._peft_name(adapter), [r.prompt for r in fresh])
+                )
         return ended
 
-    def _prefill(self, adapter: AdapterRef | None, requests: list[Request], prefix_length: int, cache) -> list[tuple[Request, Generation]]:
+    def _prefill(
+        self, adapter: AdapterRef | None, requests: list[Request], prefix_length: int, cache
+    ) -> list[tuple[Request, Generation]]:
         """Prefill the prompts past their cached ``prefix_length`` tokens, sample their first token, join the batch."""
         peft_name = self._peft_name(adapter)
         prompts = [request.prompt for request in requests]
@@ -256,7 +260,8 @@ class HFEngine(LoopedEngine):
         return self._join(rows, output.past_key_values, mask.to(self.device), output.logits[:, -1])
 
     def _continuation(self, adapter: AdapterRef | None, prompt: list[int]) -> tuple[int, object] | None:
-        """(length, KV cache) of a finished generation this prompt continues (an episode's next turn), taken from the store."""
+        """(length, KV cache) of a finished generation this prompt continues (an episode's next turn), taken from the
+        store."""
         best = None
         for key in self._continuations:
             cached_adapter, tokens = key
@@ -273,7 +278,9 @@ class HFEngine(LoopedEngine):
         """Store the KV of a finished row's real tokens (prompt + reply but its last token), evicting the oldest."""
         tokens = tuple(row.request.prompt + row.tokens[:-1])
         real = row_mask.bool()
-        layers = [(layer.keys[index : index + 1, :, real], layer.values[index : index + 1, :, real]) for layer in cache.layers]
+        layers = [
+            (layer.keys[index : index + 1, :, real], layer.values[index : index + 1, :, real]) for layer in cache.layers
+        ]
         self._continuations[(row.request.adapter, tokens)] = layers
         self._continuation_tokens += len(tokens)
         while self._continuation_tokens > self.continuation_cache_tokens:
@@ -290,9 +297,17 @@ class HFEngine(LoopedEngine):
         usable = min(common_prefix_length(prompts), min(len(prompt) for prompt in prompts) - 1)
         best: tuple[int, ...] = ()
         for cached_adapter, prefix in self._prefix_caches:
-            if cached_adapter == adapter and len(best) < len(prefix) <= usable and tuple(prompts[0][: len(prefix)]) == prefix:
+            if (
+                cached_adapter == adapter
+                and len(best) < len(prefix) <= usable
+                and tuple(prompts[0][: len(prefix)]) == prefix
+            ):
                 best = prefix
-        peers = prompts if len(prompts) > 1 else prompts + ([self._recent_prompt[adapter]] if adapter in self._recent_prompt else [])
+        peers = (
+            prompts
+            if len(prompts) > 1
+            else prompts + ([self._recent_prompt[adapter]] if adapter in self._recent_prompt else [])
+        )
         self._recent_prompt[adapter] = prompts[-1]
         shared = min(usable, common_prefix_length(peers))
         if not best and len(peers) > 1 and shared >= MIN_CACHED_PREFIX:
@@ -330,7 +345,9 @@ class HFEngine(LoopedEngine):
         self._release_retired()
         return [row.request for row in rows]
 
-    def _join(self, rows: list[_Row], cache, mask: torch.Tensor, logits: torch.Tensor) -> list[tuple[Request, Generation]]:
+    def _join(
+        self, rows: list[_Row], cache, mask: torch.Tensor, logits: torch.Tensor
+    ) -> list[tuple[Request, Generation]]:
         """Sample each row's next token; finished rows leave, the others join the running batch.
 
         Sampling runs on the CPU, where the requests' seeded generators live.

@@ -79,7 +79,10 @@ class VLLMEngine(LoopedEngine):
         lora_id = next(self._lora_ids)
         folder = self._folder / f"{lora_id}"
         folder.mkdir()
-        save_file({key: tensor.detach().cpu().contiguous() for key, tensor in weights.items()}, folder / "adapter_model.safetensors")
+        save_file(
+            {key: tensor.detach().cpu().contiguous() for key, tensor in weights.items()},
+            folder / "adapter_model.safetensors",
+        )
         (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "bias": "none", **lora_config}))
         try:
             self.llm.add_lora(LoRARequest(versioned_name(name, version), lora_id, str(folder)))
@@ -156,7 +159,9 @@ class VLLMEngine(LoopedEngine):
             completion = output.outputs[0]
             tokens = list(completion.token_ids)
             seen = self._tokens_seen.pop(output.request_id, 0)
-            ended_at = next((index + 1 for index in range(seen, len(tokens)) if not request.wants_more(tokens[index])), None)
+            ended_at = next(
+                (index + 1 for index in range(seen, len(tokens)) if not request.wants_more(tokens[index])), None
+            )
             if ended_at is None and not output.finished:
                 self._tokens_seen[output.request_id] = len(tokens)
                 continue

@@ -9,8 +9,9 @@ without playing the tasks again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.progress import Progress
 
@@ -35,7 +36,10 @@ def best_choice(rewards: dict[str, float], order: list[str]) -> str:
 
 
 def play_options_here(
-    config: TraceConfig, make_env: Callable[[], Environment], adapters: dict[str, Path], pairs: list[tuple[int, str]],
+    config: TraceConfig,
+    make_env: Callable[[], Environment],
+    adapters: dict[str, Path],
+    pairs: list[tuple[int, str]],
     make_engine_here: Callable[[], Any] | None,
 ) -> Played:
     """Each (seed, option) of ``pairs``: its greedy episode, in this process (``actors.model_tasks.play_options`` runs
@@ -52,8 +56,14 @@ def play_options_here(
         with Progress(console=console, transient=True) as progress:
             bar = progress.add_task(f"greedy episodes: {len(tasks)}", total=len(tasks))
             results = run_rollouts(
-                tasks, LocalBackend(make_env, engine), AgentPrompt.for_model(config.model, engine.tokenizer), greedy,
-                config.batch_size, config.model.max_context_tokens, lambda _: progress.advance(bar), config.rollout.max_episode_tokens,
+                tasks,
+                LocalBackend(make_env, engine),
+                AgentPrompt.for_model(config.model, engine.tokenizer),
+                greedy,
+                config.batch_size,
+                config.model.max_context_tokens,
+                lambda _: progress.advance(bar),
+                config.rollout.max_episode_tokens,
             )
     finally:
         engine.close()  # a Ray worker runs many tasks: an engine left open keeps its weights and KV caches

@@ -37,10 +37,16 @@ ROW_SCHEMA = SCHEMA.append(pa.field("option", pa.string())).append(pa.field("con
 def option_context(config: TraceConfig, env: EnvConfig, option: str, folder: Path | None) -> str:
     """What a greedy episode of ``option`` (adapter folder ``folder``; None: the base model) on ``env`` depends on."""
     weights = hashlib.sha256((folder / "adapter_model.safetensors").read_bytes()).hexdigest() if folder else None
-    return digest([
-        dataclasses.asdict(config.model), config.engine.name, dataclasses.asdict(env), option, weights,
-        config.rollout.max_episode_tokens,
-    ])
+    return digest(
+        [
+            dataclasses.asdict(config.model),
+            config.engine.name,
+            dataclasses.asdict(env),
+            option,
+            weights,
+            config.rollout.max_episode_tokens,
+        ]
+    )
 
 
 def option_contexts(config: TraceConfig, env: EnvConfig, adapters: dict[str, Path]) -> dict[str, str]:
@@ -65,10 +71,15 @@ def save_played(path: Path, contexts: dict[str, str], played: Played, run: dict)
     """Add ``played`` (under each option's context) to ``path``, replacing rows of the same context and seed."""
     rows = [
         dict(episode_row(result, run), option=option, context=contexts[option])
-        for results in played.values() for option, result in results.items()
+        for results in played.values()
+        for option, result in results.items()
     ]
     fresh = {(row["context"], row["seed"]) for row in rows}
-    kept = [row for row in pq.read_table(path).to_pylist() if (row["context"], row["seed"]) not in fresh] if path.is_file() else []
+    kept = (
+        [row for row in pq.read_table(path).to_pylist() if (row["context"], row["seed"]) not in fresh]
+        if path.is_file()
+        else []
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as scratch:
         pq.write_table(pa.Table.from_pylist(kept + rows, schema=ROW_SCHEMA), scratch)

@@ -28,7 +28,10 @@ def plot_methods(rows: list[dict], path: Path) -> None:
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
     means = [row["mean_reward"] for row in rows]
-    errors = [[m - row["interval"][0] for m, row in zip(means, rows)], [row["interval"][1] - m for m, row in zip(means, rows)]]
+    errors = [
+        [m - row["interval"][0] for m, row in zip(means, rows)],
+        [row["interval"][1] - m for m, row in zip(means, rows)],
+    ]
     axis.bar(range(len(rows)), means, yerr=errors, capsize=4, color="#4c72b0")
     axis.set_xticks(range(len(rows)), [row["method"] for row in rows], rotation=30, ha="right")
     axis.set_ylabel("mean reward (95% CI)")

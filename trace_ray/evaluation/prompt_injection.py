@@ -7,7 +7,7 @@ model then plays the tasks as usual. No weights change.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from environments.protocol import Environment, ResetResult
 

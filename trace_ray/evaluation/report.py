@@ -32,14 +32,29 @@ class MethodScores:
 def method_row(method: MethodScores, base: MethodScores, confidence: float, seed: int) -> dict:
     """One method's overall and per-family figures, and its paired comparison with ``base``."""
     if method.families != base.families:
-        raise ValueError(f"{method.name} was not scored on the base model's tasks; evaluate every method on the same tasks")
+        raise ValueError(
+            f"{method.name} was not scored on the base model's tasks; evaluate every method on the same tasks"
+        )
     rows = summarize(list(zip(method.families, method.rewards, method.successes)))
     overall = rows[-1]
     low, high = bootstrap_interval(method.rewards, confidence, seed=seed)
     row = {
-        "method": method.name, "tasks": overall.episodes, "perfect": overall.perfect, "successes": overall.successes,
-        "mean_reward": overall.mean_similarity, "interval": [low, high], "rollouts": method.rollouts,
-        "families": {r.group: {"tasks": r.episodes, "perfect": r.perfect, "successes": r.successes, "mean_reward": r.mean_similarity} for r in rows[:-1]},
+        "method": method.name,
+        "tasks": overall.episodes,
+        "perfect": overall.perfect,
+        "successes": overall.successes,
+        "mean_reward": overall.mean_similarity,
+        "interval": [low, high],
+        "rollouts": method.rollouts,
+        "families": {
+            r.group: {
+                "tasks": r.episodes,
+                "perfect": r.perfect,
+                "successes": r.successes,
+                "mean_reward": r.mean_similarity,
+            }
+            for r in rows[:-1]
+        },
         "rewards": [float(reward) for reward in method.rewards],  # per task, in the evaluation's task order
     }
     if method.name != base.name:
@@ -69,12 +84,21 @@ def best_adapter(methods: list[MethodScores]) -> MethodScores | None:
 
 def trace_comparisons(methods: list[MethodScores], confidence: float = 0.95, seed: int = 0) -> list[dict]:
     """Each TRACE method paired against GRPO on target and against the best single adapter (those evaluated)."""
-    references = [(GRPO_METHOD, next((m for m in methods if m.name == GRPO_METHOD), None)),
-                  ("best single adapter", best_adapter(methods))]
+    references = [
+        (GRPO_METHOD, next((m for m in methods if m.name == GRPO_METHOD), None)),
+        ("best single adapter", best_adapter(methods)),
+    ]
     return [
-        {"method": method.name, "baseline": reference.name, "role": role, **compared(method, reference, confidence, seed)}
-        for method in methods if method.name.startswith(TRACE_PREFIX)
-        for role, reference in references if reference is not None
+        {
+            "method": method.name,
+            "baseline": reference.name,
+            "role": role,
+            **compared(method, reference, confidence, seed),
+        }
+        for method in methods
+        if method.name.startswith(TRACE_PREFIX)
+        for role, reference in references
+        if reference is not None
     ]
 
 
@@ -110,22 +134,38 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     """The main table's cells: method, Perfect, success, mean reward [interval], vs base, rollouts."""
     return [
         (
-            row["method"], f"{row['perfect']}/{row['tasks']}", f"{row['successes']}/{row['tasks']}",
-            f"{row['mean_reward']:.3f} [{row['interval'][0]:.3f}, {row['interval'][1]:.3f}]", _versus(row), str(row["rollouts"]),
+            row["method"],
+            f"{row['perfect']}/{row['tasks']}",
+            f"{row['successes']}/{row['tasks']}",
+            f"{row['mean_reward']:.3f} [{row['interval'][0]:.3f}, {row['interval'][1]:.3f}]",
+            _versus(row),
+            str(row["rollouts"]),
         )
         for row in rows
     ]
 
 
-TABLE_HEADER = ["method", "perfect", "success", "mean reward [95% CI]", "vs base: mean diff [CI] p, Holm p (wins/losses)", "training rollouts"]
+TABLE_HEADER = [
+    "method",
+    "perfect",
+    "success",
+    "mean reward [95% CI]",
+    "vs base: mean diff [CI] p, Holm p (wins/losses)",
+    "training rollouts",
+]
 
 
 def comparison_rows(comparisons: list[dict]) -> list[tuple[str, ...]]:
-    """The TRACE comparisons' cells: method, against (which), mean difference [interval], p, Holm p, wins/losses/ties."""
+    """The TRACE comparisons' cells: method, against (which), mean difference [interval], p, Holm p,
+    wins/losses/ties."""
     return [
         (
-            c["method"], c["baseline"] if c["baseline"] == c["role"] else f"{c['baseline']} ({c['role']})", _difference(c),
-            f"{c['p_value']:.3g}", f"{c['p_holm']:.3g}", f"{c['wins']}/{c['losses']}/{c['ties']}",
+            c["method"],
+            c["baseline"] if c["baseline"] == c["role"] else f"{c['baseline']} ({c['role']})",
+            _difference(c),
+            f"{c['p_value']:.3g}",
+            f"{c['p_holm']:.3g}",
+            f"{c['wins']}/{c['losses']}/{c['ties']}",
         )
         for c in comparisons
     ]
@@ -135,12 +175,16 @@ COMPARISON_HEADER = ["TRACE method", "against", "mean diff [CI]", "p", "Holm p",
 
 
 ROUTING_HEADER = ["router", "accuracy (ties count)", "routed reward", "regret [95% CI]"]
-ROUTING_NOTE = ("A choice counts as correct when its reward equals the best option's on that task; regret is the best option's "
-                "reward minus the chosen one's.")
+ROUTING_NOTE = (
+    "A choice counts as correct when its reward equals the best option's on that task; regret is the best "
+    "option's "
+    "reward minus the chosen one's."
+)
 
 
 def routing_cells(result: dict) -> list[str]:
-    """Tie-aware accuracy, routed reward and regret [interval] of a routing summary (:func:`trace_ray.routing.selection.routing_summary`)."""
+    """Tie-aware accuracy, routed reward and regret [interval] of a routing summary
+    (:func:`trace_ray.routing.selection.routing_summary`)."""
     regret = f"{result['regret']:.3f}"
     if "regret_interval" in result:
         regret += " [{:.3f}, {:.3f}]".format(*result["regret_interval"])
@@ -156,9 +200,12 @@ def curve_rows(history: list[dict]) -> list[tuple[str, ...]]:
     (rollouts and update) per iteration."""
     return [
         (
-            str(row["iteration"]), "-" if row.get("difficulty") is None else str(row["difficulty"]),
-            f"{row['reward_mean']:.3f}", f"{row['success_rate']:.3f}",
-            f"{row['informative_groups']}/{row['groups']}", str(row["rollouts"]),
+            str(row["iteration"]),
+            "-" if row.get("difficulty") is None else str(row["difficulty"]),
+            f"{row['reward_mean']:.3f}",
+            f"{row['success_rate']:.3f}",
+            f"{row['informative_groups']}/{row['groups']}",
+            str(row["rollouts"]),
             f"{row['rollout_s'] + row['update_s']:.0f}",
         )
         for row in history
@@ -166,7 +213,11 @@ def curve_rows(history: list[dict]) -> list[tuple[str, ...]]:
 
 
 def _table(header: list[str], rows: list[tuple[str, ...]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|", *("| " + " | ".join(cells) + " |" for cells in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|---" * len(header) + "|",
+        *("| " + " | ".join(cells) + " |" for cells in rows),
+    ]
 
 
 def report_markdown(title: str, report: dict, unavailable: dict[str, str], notes: list[str]) -> str:
@@ -178,8 +229,16 @@ def report_markdown(title: str, report: dict, unavailable: dict[str, str], notes
         paired = len(comparisons) + sum("vs_base" in row for row in rows)
         lines += ["", "## TRACE against GRPO on target and the best single adapter", ""]
         if report["best_adapter"]:
-            lines += [f"Best single adapter: {report['best_adapter']} (highest mean reward of the single adapters on these tasks).", ""]
-        lines += [f"Holm p: Holm-adjusted over all {paired} paired comparisons of this report (these and those against base).", ""]
+            lines += [
+                f"Best single adapter: {report['best_adapter']} (highest mean reward of the single adapters on "
+                "these tasks).",
+                "",
+            ]
+        lines += [
+            f"Holm p: Holm-adjusted over all {paired} paired comparisons of this report (these and those against "
+            "base).",
+            "",
+        ]
         lines += _table(COMPARISON_HEADER, comparison_rows(comparisons))
     if report.get("routing"):
         lines += ["", "## Routing", "", ROUTING_NOTE, ""]
@@ -188,7 +247,13 @@ def report_markdown(title: str, report: dict, unavailable: dict[str, str], notes
         lines += ["", "Not evaluated:", ""] + [f"- {name}: {reason}" for name, reason in unavailable.items()]
     families = sorted({family for row in rows for family in row["families"]})
     if len(families) > 1:
-        lines += ["", "## Mean reward per task family", "", "| method | " + " | ".join(families) + " |", "|---" * (len(families) + 1) + "|"]
+        lines += [
+            "",
+            "## Mean reward per task family",
+            "",
+            "| method | " + " | ".join(families) + " |",
+            "|---" * (len(families) + 1) + "|",
+        ]
         for row in rows:
             cells = [f"{row['families'][f]['mean_reward']:.3f}" if f in row["families"] else "" for f in families]
             lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")

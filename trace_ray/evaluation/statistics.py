@@ -99,7 +99,10 @@ def paired_comparison(method, baseline, confidence: float = 0.95, seed: int = 0)
         raise ValueError(f"paired scores need the same tasks: {a.size} scores against {b.size}")
     differences = a - b
     return PairedComparison(
-        float(differences.mean()), bootstrap_interval(differences, confidence, seed=seed),
-        int((differences > 0).sum()), int((differences < 0).sum()), int((differences == 0).sum()),
+        float(differences.mean()),
+        bootstrap_interval(differences, confidence, seed=seed),
+        int((differences > 0).sum()),
+        int((differences < 0).sum()),
+        int((differences == 0).sum()),
         sign_flip_p_value(differences, seed=seed),
     )

@@ -40,8 +40,13 @@ def write_predictions(folder: Path, episodes: dict[str, list[EpisodeResult]], mo
     written = []
     for method, results in episodes.items():
         rows = [
-            {"instance_id": result.info["instance_id"], "model_name_or_path": f"{model}/{method}", "model_patch": result.info["model_patch"]}
-            for result in results if "model_patch" in result.info
+            {
+                "instance_id": result.info["instance_id"],
+                "model_name_or_path": f"{model}/{method}",
+                "model_patch": result.info["model_patch"],
+            }
+            for result in results
+            if "model_patch" in result.info
         ]
         if not rows:
             continue
@@ -94,9 +99,17 @@ def wins_markdown(base: list[EpisodeResult], methods: dict[str, list[EpisodeResu
         wins = [(b, r) for b, r in zip(base, results) if r.reward > b.reward]
         lines += [f"## {name}: {len(wins)} of {len(results)} tasks above base", ""]
         for b, r in wins:
-            lines += [f"### {r.task_id} ({r.family}): base {b.reward:.3f} -> {r.reward:.3f}", "", f"Request: {request(r)}", ""]
+            lines += [
+                f"### {r.task_id} ({r.family}): base {b.reward:.3f} -> {r.reward:.3f}",
+                "",
+                f"Request: {request(r)}",
+                "",
+            ]
             for label, result in (("base", b), (name, r)):
-                lines += [f"**{label}** ({result.termination}, {result.turns} turns; milestones: {milestones(result)})", ""]
+                lines += [
+                    f"**{label}** ({result.termination}, {result.turns} turns; milestones: {milestones(result)})",
+                    "",
+                ]
                 lines += [f"- {line}" for line in agent_turns(result)] + [""]
     return "\n".join(lines)
 

@@ -24,5 +24,12 @@ from trace_ray.routing.logit_router import (
 )
 
 __all__ = [
-    "BASE", "BASE_OPTION", "LogitRouter", "RouteDecision", "RouteOption", "decide", "label_tokens", "routing_messages",
+    "BASE",
+    "BASE_OPTION",
+    "LogitRouter",
+    "RouteDecision",
+    "RouteOption",
+    "decide",
+    "label_tokens",
+    "routing_messages",
 ]

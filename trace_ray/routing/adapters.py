@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
 from environments.errors import TraceRayError
+from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
 
 LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "task_type")
 
@@ -48,7 +48,9 @@ def trained_adapters(run_dir: Path) -> list[TrainedAdapter]:
     read_selection(run_dir, "run trace-ray identify, synthesize and train run_dir=DIR first")
     adapters = routable_adapters(run_dir)
     if not adapters:
-        raise TraceRayError(f"no trained capability adapter in {run_dir / 'adapters'}; run trace-ray train run_dir={run_dir} first")
+        raise TraceRayError(
+            f"no trained capability adapter in {run_dir / 'adapters'}; run trace-ray train run_dir={run_dir} first"
+        )
     return adapters
 
 
@@ -62,6 +64,8 @@ def served_adapters(run_dir: Path) -> list[TrainedAdapter]:
     folder = run_dir / "adapters"
     found = sorted(path.parent.name for path in folder.glob("*/adapter_model.safetensors"))
     ready = {e["name"]: e for e in synthesized_entries(run_dir) if e["name"] in found}
-    described = [TrainedAdapter(name, folder / name, e.get("description", ""), e.get("environment")) for name, e in ready.items()]
+    described = [
+        TrainedAdapter(name, folder / name, e.get("description", ""), e.get("environment")) for name, e in ready.items()
+    ]
     others = [TrainedAdapter(name, folder / name, "", None) for name in found if name not in ready]
     return described + others

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trace_ray.artifacts import write_json
 from environments.errors import TraceRayError
+from trace_ray.artifacts import write_json
 from trace_ray.routing.learned_gate import load_gate, pooled_features, save_gate
 from trace_ray.routing.logit_router import LogitRouter, RouteDecision
 from trace_ray.routing.offsets import read_route_file
@@ -26,8 +26,9 @@ SELECTION_FILE = "selection.json"  # in run_dir/router
 GATE_FOLDER = "auto"  # run_dir/router/auto/: the chosen learned gate's weights
 
 
-def task_features(model, tokenizer, logit: LogitRouter | None, observations: list[list[dict]], vocabulary: list[str],
-                  wanted: set[str]) -> list[TaskFeatures]:
+def task_features(
+    model, tokenizer, logit: LogitRouter | None, observations: list[list[dict]], vocabulary: list[str], wanted: set[str]
+) -> list[TaskFeatures]:
     """Each task's features among ``wanted`` (``logit``: from ``logit``, a content-free-calibrated router; ``hidden``;
     ``keywords``); the others are left empty."""
     count = len(observations)
@@ -41,31 +42,49 @@ def task_features(model, tokenizer, logit: LogitRouter | None, observations: lis
     return [TaskFeatures(r, f, h, k) for r, f, h, k in zip(raw, free, hidden, keywords)]
 
 
-def save_selection(folder: Path, model_name: str, names: list[str], vocabulary: list[str], chosen: str, rule, results: dict,
-                   **facts) -> None:
+def save_selection(
+    folder: Path, model_name: str, names: list[str], vocabulary: list[str], chosen: str, rule, results: dict, **facts
+) -> None:
     """``folder/selection.json`` (and a chosen gate's weights in ``folder/auto/``)."""
     state = rule_state(rule)
     if state["kind"] == "gate" and state["trained"]:
         save_gate(Path(folder) / GATE_FOLDER, rule.gate, model_name)
-    write_json(Path(folder) / SELECTION_FILE, {
-        "model": model_name, "options": names, "chosen": chosen, "rule": state, "vocabulary": vocabulary, **facts,
-        "candidates": results,
-    })
+    write_json(
+        Path(folder) / SELECTION_FILE,
+        {
+            "model": model_name,
+            "options": names,
+            "chosen": chosen,
+            "rule": state,
+            "vocabulary": vocabulary,
+            **facts,
+            "candidates": results,
+        },
+    )
 
 
 def load_selection(folder: Path, model_name: str, names: list[str]) -> dict:
     """The selection ``trace-ray route`` saved for these options and this base model; a one-line error otherwise."""
     path = Path(folder) / SELECTION_FILE
-    fix = f"run trace-ray route run_dir={Path(folder).parent} (it chooses the router), or pick one with router=logit|learned"
+    fix = (
+        f"run trace-ray route run_dir={Path(folder).parent} (it chooses the router), or pick one with "
+        "router=logit|learned"
+    )
 
     def parse(saved: dict) -> dict:
-        saved["model"], saved["options"], saved["rule"]["kind"], saved["chosen"], saved["fallback"], saved["vocabulary"]  # what serving reads
+        # what serving reads
+        saved["model"], saved["options"], saved["rule"]["kind"], saved["chosen"], saved["fallback"], saved["vocabulary"]
         return saved
 
-    saved = read_route_file(path, "router=auto serves the router trace-ray route chose in", "a router selection file", fix, parse)
+    saved = read_route_file(
+        path, "router=auto serves the router trace-ray route chose in", "a router selection file", fix, parse
+    )
     model, options = saved["model"], saved["options"]
     if model != model_name or sorted(options) != sorted(names):
-        raise TraceRayError(f"{path} chose a router for model {model} over {sorted(options)}, not {model_name} over {sorted(names)}; {fix}")
+        raise TraceRayError(
+            f"{path} chose a router for model {model} over {sorted(options)}, not {model_name} over "
+            f"{sorted(names)}; {fix}"
+        )
     return saved
 
 
@@ -76,10 +95,15 @@ class AutoRouter:
         state = selection["rule"]
         self.names = list(selection["options"])
         self.chosen = selection["chosen"]
-        self.fallback = selection["fallback"]  # always-best-adapter on the training split: the comparator the choice had to beat
+        # always-best-adapter on the training split: the comparator the choice had to beat
+        self.fallback = selection["fallback"]
         self.vocabulary = list(selection["vocabulary"])
         self.wanted = needs(state)
-        gate = load_gate(Path(folder) / GATE_FOLDER, selection["model"], self.names[:-1]) if "hidden" in self.wanted else None
+        gate = (
+            load_gate(Path(folder) / GATE_FOLDER, selection["model"], self.names[:-1])
+            if "hidden" in self.wanted
+            else None
+        )
         self.rule = rule_from_state(state, gate)
         self.model, self.tokenizer, self.logit = model, tokenizer, logit
 

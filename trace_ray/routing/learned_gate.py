@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from environments.errors import TraceRayError
 from trace_ray.artifacts import atomic_path
 from trace_ray.capabilities.llm_labeler import cut_middle
 from trace_ray.config import GateConfig
-from environments.errors import TraceRayError
 from trace_ray.routing.logit_router import RouteDecision, decide
 
 REQUEST_CHARS = 2000
@@ -57,7 +57,9 @@ def pooled_features(model, tokenizer, observations: list[list[dict]], batch_size
     """[len(observations), hidden] mean of the base model's last hidden states over each request's tokens."""
     prompts = []
     for observation in observations:
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": first_request(observation)}], tokenize=True)
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": first_request(observation)}], tokenize=True
+        )
         prompts.append(list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = _model_device(model)
@@ -68,14 +70,19 @@ def pooled_features(model, tokenizer, observations: list[list[dict]], batch_size
     try:
         with disable() if callable(disable) else contextlib.nullcontext():
             for start in range(0, len(prompts), batch_size):
-                batch = prompts[start:start + batch_size]
+                batch = prompts[start : start + batch_size]
                 width = max(len(prompt) for prompt in batch)
                 input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(batch), width), dtype=torch.long)
                 for row, prompt in enumerate(batch):
                     input_ids[row, : len(prompt)] = torch.tensor(prompt)
                     mask[row, : len(prompt)] = 1
-                output = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, use_cache=False)
+                output = model(
+                    input_ids=input_ids.to(device),
+                    attention_mask=mask.to(device),
+                    output_hidden_states=True,
+                    use_cache=False,
+                )
                 hidden = output.hidden_states[-1].float().cpu()
                 weights = mask.unsqueeze(-1).float()
                 pooled.append((hidden * weights).sum(dim=1) / weights.sum(dim=1))
@@ -93,7 +100,8 @@ class GateNetwork(nn.Module):
         self.register_buffer("mean", torch.zeros(features))
         self.register_buffer("std", torch.ones(features))
         self.layers = (
-            nn.Linear(features, options) if hidden == 0
+            nn.Linear(features, options)
+            if hidden == 0
             else nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, options))
         )
 
@@ -113,7 +121,9 @@ def check_labels(labels: list[str], names: list[str]) -> None:
     """One-line errors for labels a gate cannot learn from: unknown options, or a single option throughout."""
     unknown = sorted(set(labels) - set(names))
     if unknown:
-        raise TraceRayError(f"gate labels {unknown} are not routing options {names}; label tasks with adapter names or base")
+        raise TraceRayError(
+            f"gate labels {unknown} are not routing options {names}; label tasks with adapter names or base"
+        )
     if len(set(labels)) < 2:
         only = labels[0] if labels else "nothing"
         raise TraceRayError(
@@ -122,7 +132,9 @@ def check_labels(labels: list[str], names: list[str]) -> None:
         )
 
 
-def fit_gate(features: torch.Tensor, labels: list[str], names: list[str], settings: GateConfig, seed: int = 0) -> TrainedGate:
+def fit_gate(
+    features: torch.Tensor, labels: list[str], names: list[str], settings: GateConfig, seed: int = 0
+) -> TrainedGate:
     """Train a gate on ``features`` [n, d] with option-name ``labels``; names order the gate's logits."""
     if features.ndim != 2 or features.shape[0] != len(labels):
         raise ValueError(f"features {tuple(features.shape)} do not match {len(labels)} labels")
@@ -143,7 +155,9 @@ def fit_gate(features: torch.Tensor, labels: list[str], names: list[str], settin
         loss = nn.functional.cross_entropy(logits, targets).item()
         accuracy = (logits.argmax(dim=1) == targets).float().mean().item()
     counts = {name: labels.count(name) for name in names}
-    return TrainedGate(network, list(names), settings.hidden, {"train_loss": loss, "train_accuracy": accuracy, "label_counts": counts})
+    return TrainedGate(
+        network, list(names), settings.hidden, {"train_loss": loss, "train_accuracy": accuracy, "label_counts": counts}
+    )
 
 
 def gate_decisions(gate: TrainedGate, features: torch.Tensor) -> list[RouteDecision]:
@@ -175,8 +189,12 @@ def save_gate(folder: Path, gate: TrainedGate, model_name: str) -> None:
     with atomic_path(folder / GATE_WEIGHTS) as scratch:
         save_file(state, str(scratch))
     card = {
-        "router": "learned", "model": model_name, "names": gate.names, "features": int(gate.network.mean.shape[0]),
-        "hidden": gate.hidden, "metrics": gate.metrics,
+        "router": "learned",
+        "model": model_name,
+        "names": gate.names,
+        "features": int(gate.network.mean.shape[0]),
+        "hidden": gate.hidden,
+        "metrics": gate.metrics,
     }
     with atomic_path(folder / GATE_CARD) as scratch:
         Path(scratch).write_text(json.dumps(card, indent=2), encoding="utf-8")
@@ -191,10 +209,14 @@ def load_gate(folder: Path, model_name: str, adapter_names: list[str]) -> Traine
         raise TraceRayError(f"no learned gate in {folder}; run trace-ray route run_dir=... first, or use router=logit")
     card = json.loads(card_path.read_text(encoding="utf-8"))
     if card["model"] != model_name:
-        raise TraceRayError(f"the learned gate in {folder} was trained on model={card['model']}, not {model_name}; rerun trace-ray route")
+        raise TraceRayError(
+            f"the learned gate in {folder} was trained on model={card['model']}, not {model_name}; "
+            "rerun trace-ray route"
+        )
     if sorted(card["names"][:-1]) != sorted(adapter_names):
         raise TraceRayError(
-            f"the learned gate in {folder} routes {card['names'][:-1]}, but the run's adapters are {adapter_names}; rerun trace-ray route"
+            f"the learned gate in {folder} routes {card['names'][:-1]}, but the run's adapters are {adapter_names}; "
+            "rerun trace-ray route"
         )
     network = GateNetwork(card["features"], len(card["names"]), card["hidden"])
     network.load_state_dict(load_file(str(folder / GATE_WEIGHTS)))

@@ -52,13 +52,25 @@ import textwrap
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+
 import torch
 
 from trace_ray.capabilities.llm_labeler import compact_messages, cut_middle
 
 __all__ = [
-    "ANSWER_PREFIX", "BASE", "BASE_OPTION", "LogitRouter", "RouteDecision", "RouteOption",
-    "compact_messages", "decide", "label_tokens", "options_block", "routing_messages", "task_block", "task_head",
+    "ANSWER_PREFIX",
+    "BASE",
+    "BASE_OPTION",
+    "LogitRouter",
+    "RouteDecision",
+    "RouteOption",
+    "compact_messages",
+    "decide",
+    "label_tokens",
+    "options_block",
+    "routing_messages",
+    "task_block",
+    "task_head",
 ]
 
 BASE = "base"
@@ -103,7 +115,9 @@ def label_tokens(tokenizer, count: int) -> list[tuple[str, int]]:
     or when ``count`` is not 1 to 26.
     """
     if not 1 <= count <= len(LABELS):
-        raise ValueError(f"the logit router labels 1 to {len(LABELS)} options (A to Z), not {count}; route fewer capabilities")
+        raise ValueError(
+            f"the logit router labels 1 to {len(LABELS)} options (A to Z), not {count}; route fewer capabilities"
+        )
     prefix = tokenizer.encode(ANSWER_PREFIX, add_special_tokens=False)
     labels: list[tuple[str, int]] = []
     for label in LABELS[:count]:
@@ -146,7 +160,8 @@ def _either(labels: list[str]) -> str:
 
 
 def options_block(options: list[RouteOption], max_example_chars: int = 1500) -> str:
-    """The options, labelled A, B, ... (base last unless one named :data:`BASE` is given), each example cut in the middle.
+    """The options, labelled A, B, ... (base last unless one named :data:`BASE` is given), each example cut in the
+    middle.
 
     The same for every task: the routing prompt's shared head (see the module's docstring).
     """
@@ -178,7 +193,7 @@ def _policy_and_request(first_observation: list[dict]) -> tuple[str, str]:
 def with_request(first_observation: list[dict], request: str) -> list[dict]:
     """The first observation with its user message's content replaced (the same policy, another request)."""
     user = next(index for index, message in enumerate(first_observation) if message.get("role") == "user")
-    return [*first_observation[:user], {**first_observation[user], "content": request}, *first_observation[user + 1:]]
+    return [*first_observation[:user], {**first_observation[user], "content": request}, *first_observation[user + 1 :]]
 
 
 def task_head(first_observation: list[dict]) -> str:
@@ -194,7 +209,9 @@ def task_block(first_observation: list[dict], option_count: int) -> str:
     return task_head(first_observation) + f"User request: {cut_middle(request.strip(), REQUEST_CHARS)}\n\n{instruction}"
 
 
-def routing_messages(first_observation: list[dict], options: list[RouteOption], max_example_chars: int = 1500) -> list[dict]:
+def routing_messages(
+    first_observation: list[dict], options: list[RouteOption], max_example_chars: int = 1500
+) -> list[dict]:
     """The routing prompt as chat messages: the system instruction, then one user message of options and task.
 
     ``first_observation`` is an episode's first messages (system policy + first
@@ -211,7 +228,8 @@ def routing_messages(first_observation: list[dict], options: list[RouteOption], 
 @dataclass
 class RouteDecision:
     choice: str  # option name (BASE or a capability)
-    scores: dict[str, float]  # option name -> logit of its label token (calibrated: log-prob minus the content-free one)
+    # option name -> logit of its label token (calibrated: log-prob minus the content-free one)
+    scores: dict[str, float]
     probabilities: dict[str, float]  # softmax over the scores
 
 
@@ -248,8 +266,15 @@ class LogitRouter:
     """
 
     def __init__(
-        self, model, tokenizer, options: list[RouteOption], max_example_chars: int = 1500, batch_size: int = 8,
-        reuse_prefix: bool = True, calibration: str = "content_free", offsets: dict[str, float] | None = None,
+        self,
+        model,
+        tokenizer,
+        options: list[RouteOption],
+        max_example_chars: int = 1500,
+        batch_size: int = 8,
+        reuse_prefix: bool = True,
+        calibration: str = "content_free",
+        offsets: dict[str, float] | None = None,
     ):
         if any(option.name == BASE for option in options):
             raise ValueError(f"pass the capabilities only: the router appends the {BASE!r} option itself")
@@ -272,7 +297,8 @@ class LogitRouter:
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
         self._options_text = options_block(self.options, max_example_chars)
-        self._prefixes: OrderedDict[tuple[int, ...], object] = OrderedDict()  # head tokens -> the model's keys and values
+        # head tokens -> the model's keys and values
+        self._prefixes: OrderedDict[tuple[int, ...], object] = OrderedDict()
         self._prefix_lock = threading.Lock()
 
     @property
@@ -302,7 +328,7 @@ class LogitRouter:
         end = rendered.find(head)
         if not self.reuse_prefix or end < 0:
             return ids, 0
-        head_ids = self._encode(rendered[:end + len(head)])
+        head_ids = self._encode(rendered[: end + len(head)])
         shared = 0
         while shared < min(len(head_ids), len(ids) - 1) and head_ids[shared] == ids[shared]:
             shared += 1
@@ -341,7 +367,9 @@ class LogitRouter:
         use) and the pass runs over the rest of each prompt only.
         """
         if head and any(prompt[:head] != prompts[0][:head] or len(prompt) <= head for prompt in prompts):
-            raise ValueError(f"prompts batched after a shared head must all start with the same {head} tokens and go beyond them")
+            raise ValueError(
+                f"prompts batched after a shared head must all start with the same {head} tokens and go beyond them"
+            )
         with self._frozen_base():
             past = self._cached_head(prompts[0][:head]) if head else None
             last = self._last_logits([prompt[head:] for prompt in prompts], past)
@@ -362,7 +390,8 @@ class LogitRouter:
             return copy.deepcopy(self._prefixes[key])  # the forward pass appends the tails' keys and values to the copy
 
     def _last_logits(self, tails: list[list[int]], past) -> torch.Tensor:
-        """The next-token logits after each of ``tails``, left-padded, after the keys and values ``past`` (None: none)."""
+        """The next-token logits after each of ``tails``, left-padded, after the keys and values ``past`` (None:
+        none)."""
         device = self._device()
         past_length = past.get_seq_length() if past is not None else 0
         if past is not None:
@@ -372,12 +401,16 @@ class LogitRouter:
         attention_mask = torch.zeros((len(tails), past_length + width), dtype=torch.long)
         attention_mask[:, :past_length] = 1
         for row, tail in enumerate(tails):
-            input_ids[row, width - len(tail):] = torch.tensor(tail, dtype=torch.long)
-            attention_mask[row, past_length + width - len(tail):] = 1
+            input_ids[row, width - len(tail) :] = torch.tensor(tail, dtype=torch.long)
+            attention_mask[row, past_length + width - len(tail) :] = 1
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)[:, past_length:]
         output = self.model(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), position_ids=position_ids.to(device),
-            past_key_values=past, use_cache=past is not None, logits_to_keep=1,
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            past_key_values=past,
+            use_cache=past is not None,
+            logits_to_keep=1,
         )
         return output.logits[:, -1, :]
 
@@ -393,7 +426,8 @@ class LogitRouter:
         return self.decide_many(observations, self.raw_label_logits(observations))
 
     def decide_many(self, observations: list[list[dict]], raw: torch.Tensor) -> list[RouteDecision]:
-        """The decisions from the tasks' uncalibrated label logits ``raw`` (:meth:`raw_label_logits`), calibrated as set."""
+        """The decisions from the tasks' uncalibrated label logits ``raw`` (:meth:`raw_label_logits`), calibrated as
+        set."""
         return [decide(dict(zip(self.names, row.tolist()))) for row in self.scores(observations, raw)]
 
     def scores(self, observations: list[list[dict]], raw: torch.Tensor, calibration: str | None = None) -> torch.Tensor:
@@ -415,13 +449,14 @@ class LogitRouter:
         rows: dict[int, torch.Tensor] = {}
         for head, indices in groups.items():
             for start in range(0, len(indices), self.batch_size):
-                batch = indices[start:start + self.batch_size]
+                batch = indices[start : start + self.batch_size]
                 logits = self.label_logits([prompts[index][0] for index in batch], len(head))
                 rows.update(zip(batch, logits))
         return torch.stack([rows[index] for index in range(len(observations))])
 
     def content_free_bias(self, first_observation: list[dict]) -> torch.Tensor:
-        """Log of the options' mean softmax over the content-free requests under this task's policy (measured once per policy)."""
+        """Log of the options' mean softmax over the content-free requests under this task's policy (measured once per
+        policy)."""
         policy, _ = _policy_and_request(first_observation)
         with self._prefix_lock:
             known = self._biases.get(policy)

@@ -75,18 +75,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from environments.errors import TraceRayError
 from trace_ray.artifacts import atomic_path
 from trace_ray.config import MoEConfig
-from environments.errors import TraceRayError
-from trace_ray.routing.learned_gate import check_labels
-from trace_ray.routing.logit_router import BASE, RouteDecision, decide
 from trace_ray.engines.hf import HFEngine
 from trace_ray.models import assigned_device, load_model
 from trace_ray.routing.adapters import read_peft_folder
+from trace_ray.routing.learned_gate import check_labels
+from trace_ray.routing.logit_router import BASE, RouteDecision, decide
 
 __all__ = [
-    "BASE", "GatedLoRALinear", "LoRAMoE", "MoERouter", "fit_moe", "gate_model", "load_moe", "moe_engine",
-    "prompt_ids", "save_moe",
+    "BASE",
+    "GatedLoRALinear",
+    "LoRAMoE",
+    "MoERouter",
+    "fit_moe",
+    "gate_model",
+    "load_moe",
+    "moe_engine",
+    "prompt_ids",
+    "save_moe",
 ]
 
 GATE_WEIGHTS = "moe_gates.safetensors"
@@ -97,7 +105,8 @@ Adapters = dict[str, tuple[dict[str, torch.Tensor], dict]]  # name -> (PEFT stat
 
 
 def routing_weights(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """[..., options] weight of each option: 1 on the top option (k = 1), else the softmax over the top k, 0 elsewhere."""
+    """[..., options] weight of each option: 1 on the top option (k = 1), else the softmax over the top k, 0
+    elsewhere."""
     top = logits.topk(top_k, dim=-1)
     weights = torch.ones_like(top.values) if top_k == 1 else torch.softmax(top.values, dim=-1)
     return torch.zeros_like(logits).scatter(-1, top.indices, weights)
@@ -106,7 +115,9 @@ def routing_weights(logits: torch.Tensor, top_k: int) -> torch.Tensor:
 class GatedLoRALinear(nn.Module):
     """A frozen linear layer plus its adapters' LoRA deltas, mixed per token by a trainable gate."""
 
-    def __init__(self, base: nn.Linear, options: list[str], loras: list[tuple[torch.Tensor, torch.Tensor, float]], top_k: int):
+    def __init__(
+        self, base: nn.Linear, options: list[str], loras: list[tuple[torch.Tensor, torch.Tensor, float]], top_k: int
+    ):
         super().__init__()
         self.base = base
         self.options = options  # the adapters that adapt this layer, then BASE
@@ -116,7 +127,8 @@ class GatedLoRALinear(nn.Module):
         self.gate = nn.Linear(base.in_features, len(options), device=base.weight.device, dtype=torch.float32)
         self.top_k = min(top_k, len(options))
         self.route_to: str | list[str] | None = None  # forced routing: one option for all rows, or one per row
-        self.record: list[torch.Tensor] | None = None  # when a list, each forward appends its last position's gate logits
+        # when a list, each forward appends its last position's gate logits
+        self.record: list[torch.Tensor] | None = None
 
     def gate_logits(self, x: torch.Tensor) -> torch.Tensor:
         """[..., options] gate logits of the RMS-normalized inputs (float32)."""
@@ -133,11 +145,13 @@ class GatedLoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.record is not None:
             self.record.append(self.gate_logits(x[..., -1, :]))
-        weights = self.forced_weights(x) if self.route_to is not None else routing_weights(self.gate_logits(x), self.top_k)
+        weights = (
+            self.forced_weights(x) if self.route_to is not None else routing_weights(self.gate_logits(x), self.top_k)
+        )
         weights = weights.to(x.dtype)
         output = self.base(x)
         for index, (a, b, scale) in enumerate(zip(self.lora_A, self.lora_B, self.scales)):
-            output = output + (weights[..., index:index + 1] * scale) * ((x @ a.T) @ b.T)
+            output = output + (weights[..., index : index + 1] * scale) * ((x @ a.T) @ b.T)
         return output
 
 
@@ -185,23 +199,35 @@ class LoRAMoE:
                 layer.record = None
 
 
-def _adapter_modules(name: str, weights: dict[str, torch.Tensor], lora_config: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+def _adapter_modules(
+    name: str, weights: dict[str, torch.Tensor], lora_config: dict
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
     """{module name: (A, B, scale)} of one PEFT LoRA state dict."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in weights.items():
         match = PEFT_KEY.fullmatch(key)
         if match is None:
-            raise TraceRayError(f"adapter {name!r} has weight {key!r}, not a LoRA A/B of a linear layer; the MoE mixes plain LoRA adapters only")
+            raise TraceRayError(
+                f"adapter {name!r} has weight {key!r}, not a LoRA A/B of a linear layer; the MoE mixes "
+                "plain LoRA adapters only"
+            )
         pairs.setdefault(match[1], {})[match[2]] = tensor
     rank, alpha = lora_config.get("r"), lora_config.get("lora_alpha")
     if not rank or alpha is None:
-        raise TraceRayError(f"adapter {name!r} has no r and lora_alpha in its LoRA settings; read it with read_peft_folder")
+        raise TraceRayError(
+            f"adapter {name!r} has no r and lora_alpha in its LoRA settings; read it with read_peft_folder"
+        )
     modules = {}
     for module, pair in pairs.items():
         if set(pair) != {"A", "B"}:
-            raise TraceRayError(f"adapter {name!r} has lora_{''.join(pair)} but not both A and B for {module}; re-export the adapter")
+            raise TraceRayError(
+                f"adapter {name!r} has lora_{''.join(pair)} but not both A and B for {module}; re-export the adapter"
+            )
         if pair["A"].shape[0] != rank or pair["B"].shape[1] != rank:
-            raise TraceRayError(f"adapter {name!r} has rank {pair['A'].shape[0]} at {module}, not r={rank}; per-module ranks are not supported")
+            raise TraceRayError(
+                f"adapter {name!r} has rank {pair['A'].shape[0]} at {module}, not r={rank}; per-module "
+                "ranks are not supported"
+            )
         modules[module] = (pair["A"], pair["B"], alpha / rank)
     return modules
 
@@ -219,15 +245,20 @@ def gate_model(network: nn.Module, adapters: Adapters, top_k: int = 1, seed: int
     linears = {name: module for name, module in network.named_modules() if name in targets}
     missing = sorted(targets - set(linears))
     if missing:
-        raise TraceRayError(f"adapter modules {missing[:3]} are not in the network; the adapters were trained on another model")
+        raise TraceRayError(
+            f"adapter modules {missing[:3]} are not in the network; the adapters were trained on another model"
+        )
     for module_name, base in linears.items():
         if type(base) is not nn.Linear:
-            raise TraceRayError(f"{module_name} is a {type(base).__name__}, not a plain nn.Linear; the MoE gates linear layers only")
+            raise TraceRayError(
+                f"{module_name} is a {type(base).__name__}, not a plain nn.Linear; the MoE gates linear layers only"
+            )
     for name, modules in per_adapter.items():
         for module_name, (a, b, _) in modules.items():
             if a.shape[1] != linears[module_name].in_features or b.shape[0] != linears[module_name].out_features:
                 raise TraceRayError(
-                    f"adapter {name!r} does not fit {module_name}: shapes {tuple(a.shape)}, {tuple(b.shape)}; it was trained on another model"
+                    f"adapter {name!r} does not fit {module_name}: shapes {tuple(a.shape)}, {tuple(b.shape)}; it was "
+                    "trained on another model"
                 )
     for parameter in network.parameters():
         parameter.requires_grad_(False)
@@ -257,13 +288,14 @@ def prompt_ids(tokenizer, first_observation: list[dict]) -> list[int]:
 
 
 def _batch(prompts: list[list[int]], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Left-padded ``input_ids``, ``attention_mask`` and ``position_ids`` (the last column is every prompt's last token)."""
+    """Left-padded ``input_ids``, ``attention_mask`` and ``position_ids`` (the last column is every prompt's last
+    token)."""
     width = max(len(prompt) for prompt in prompts)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt):] = 1
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device), "position_ids": positions.to(device)}
 
@@ -280,12 +312,17 @@ def _last_logits(moe: LoRAMoE, batch: dict[str, torch.Tensor]) -> dict[str, torc
     return {name: logits[0] for name, logits in records.items()}
 
 
-def _loss(moe: LoRAMoE, logits: dict[str, torch.Tensor], labels: list[str], balance: float) -> tuple[torch.Tensor, float]:
+def _loss(
+    moe: LoRAMoE, logits: dict[str, torch.Tensor], labels: list[str], balance: float
+) -> tuple[torch.Tensor, float]:
     """(cross-entropy against the labels + ``balance`` x load balancing, averaged over layers; share of slots right)."""
     losses, right, slots = [], 0, 0
     for name, layer_logits in logits.items():
         options = moe.layers[name].options
-        targets = torch.tensor([options.index(label) if label in options else len(options) - 1 for label in labels], device=layer_logits.device)
+        targets = torch.tensor(
+            [options.index(label) if label in options else len(options) - 1 for label in labels],
+            device=layer_logits.device,
+        )
         top = layer_logits.argmax(dim=-1)
         share = nn.functional.one_hot(top, len(options)).float().mean(dim=0)
         balance_loss = len(options) * (share * layer_logits.softmax(dim=-1).mean(dim=0)).sum()
@@ -296,8 +333,14 @@ def _loss(moe: LoRAMoE, logits: dict[str, torch.Tensor], labels: list[str], bala
 
 
 def fit_moe(
-    network: nn.Module, tokenizer, adapters: Adapters, examples: list[list[int]], labels: list[str],
-    settings: MoEConfig, seed: int = 0, batch_size: int = 8,
+    network: nn.Module,
+    tokenizer,
+    adapters: Adapters,
+    examples: list[list[int]],
+    labels: list[str],
+    settings: MoEConfig,
+    seed: int = 0,
+    batch_size: int = 8,
 ) -> LoRAMoE:
     """Gate ``network`` in place over ``adapters`` and train the gates on prompts ``examples`` labelled with options.
 
@@ -307,7 +350,9 @@ def fit_moe(
         raise ValueError(f"{len(examples)} examples and {len(labels)} labels: give one non-empty prompt per label")
     check_labels(labels, [*adapters, BASE])
     if settings.epochs < 1 or settings.lr <= 0:
-        raise ValueError(f"router.moe.epochs must be at least 1 and router.moe.lr positive, not {settings.epochs} and {settings.lr}")
+        raise ValueError(
+            f"router.moe.epochs must be at least 1 and router.moe.lr positive, not {settings.epochs} and {settings.lr}"
+        )
     moe = gate_model(network, adapters, settings.top_k, seed)
     network.eval()
     optimizer = torch.optim.AdamW(moe.gate_parameters(), lr=settings.lr)
@@ -342,7 +387,7 @@ def _decisions(moe: LoRAMoE, prompts: list[list[int]], pad_token_id: int, batch_
     offered = {name: sum(name in layer.options for layer in moe.layers.values()) for name in moe.names}
     decisions = []
     for start in range(0, len(prompts), batch_size):
-        batch = _batch(prompts[start:start + batch_size], pad_token_id, moe.device)
+        batch = _batch(prompts[start : start + batch_size], pad_token_id, moe.device)
         rows = [({name: 0 for name in moe.names}, {name: 0.0 for name in moe.names}) for _ in batch["input_ids"]]
         for name, logits in _last_logits(moe, batch).items():
             layer = moe.layers[name]
@@ -353,7 +398,11 @@ def _decisions(moe: LoRAMoE, prompts: list[list[int]], pad_token_id: int, batch_
                     probability[option] += option_probability
         for chosen, probability in rows:
             scores = {name: chosen[name] / offered[name] for name in moe.names}
-            decisions.append(RouteDecision(decide(scores).choice, scores, {name: probability[name] / offered[name] for name in moe.names}))
+            decisions.append(
+                RouteDecision(
+                    decide(scores).choice, scores, {name: probability[name] / offered[name] for name in moe.names}
+                )
+            )
     return decisions
 
 
@@ -373,22 +422,27 @@ class MoERouter:
 
 
 def save_moe(folder: Path, moe: LoRAMoE, adapter_folders: dict[str, str]) -> None:
-    """``folder/moe_gates.safetensors`` (each gate's weight and bias, keyed by layer) and ``moe.json`` (options, layers, metrics)."""
+    """``folder/moe_gates.safetensors`` (each gate's weight and bias, keyed by layer) and ``moe.json`` (options,
+    layers, metrics)."""
     from safetensors.torch import save_file
 
     if set(adapter_folders) != set(moe.names[:-1]):
         raise ValueError(f"adapter folders {sorted(adapter_folders)} do not match the MoE's adapters {moe.names[:-1]}")
     state = {
         f"{name}.{key}": value.detach().cpu().contiguous()
-        for name, layer in moe.layers.items() for key, value in layer.gate.state_dict().items()
+        for name, layer in moe.layers.items()
+        for key, value in layer.gate.state_dict().items()
     }
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(folder / GATE_WEIGHTS) as scratch:
         save_file(state, scratch)
     card = {
-        "router": "moe", "options": moe.names, "top_k": moe.top_k,
+        "router": "moe",
+        "options": moe.names,
+        "top_k": moe.top_k,
         "adapters": {name: str(adapter_folders[name]) for name in moe.names[:-1]},
-        "layers": {name: layer.options for name, layer in moe.layers.items()}, "metrics": moe.metrics,
+        "layers": {name: layer.options for name, layer in moe.layers.items()},
+        "metrics": moe.metrics,
     }
     with atomic_path(folder / MOE_CARD) as scratch:
         Path(scratch).write_text(json.dumps(card, indent=2), encoding="utf-8")
@@ -404,19 +458,25 @@ def load_moe(folder: Path, network: nn.Module, adapters: Adapters) -> LoRAMoE:
     card = json.loads(card_path.read_text(encoding="utf-8"))
     if sorted(card["options"][:-1]) != sorted(adapters):
         raise TraceRayError(
-            f"the MoE in {folder} mixes {card['options'][:-1]}, but the adapters given are {sorted(adapters)}; rerun trace-ray route"
+            f"the MoE in {folder} mixes {card['options'][:-1]}, but the adapters given are {sorted(adapters)}; rerun "
+            "trace-ray route"
         )
     moe = gate_model(network, {name: adapters[name] for name in card["options"][:-1]}, card["top_k"])
     layers = {name: layer.options for name, layer in moe.layers.items()}
     if layers != card["layers"]:
-        changed = sorted(name for name in set(layers) | set(card["layers"]) if layers.get(name) != card["layers"].get(name))
-        raise TraceRayError(f"the MoE in {folder} gates other layers than these adapters adapt ({changed[:3]}); rerun trace-ray route")
+        changed = sorted(
+            name for name in set(layers) | set(card["layers"]) if layers.get(name) != card["layers"].get(name)
+        )
+        raise TraceRayError(
+            f"the MoE in {folder} gates other layers than these adapters adapt ({changed[:3]}); rerun trace-ray route"
+        )
     state = load_file(str(folder / GATE_WEIGHTS))
     for name, layer in moe.layers.items():
         gate = {key: state[f"{name}.{key}"] for key in ("weight", "bias")}
         if gate["weight"].shape != layer.gate.weight.shape:
             raise TraceRayError(
-                f"the MoE gate of {name} in {folder} has shape {tuple(gate['weight'].shape)}, not {tuple(layer.gate.weight.shape)}; "
+                f"the MoE gate of {name} in {folder} has shape {tuple(gate['weight'].shape)}, not "
+                f"{tuple(layer.gate.weight.shape)}; "
                 "it was trained on another model"
             )
         layer.gate.load_state_dict(gate)
@@ -425,10 +485,12 @@ def load_moe(folder: Path, network: nn.Module, adapters: Adapters) -> LoRAMoE:
 
 
 def moe_engine(model_config, engine_config, adapters, folder: Path):
-    """An ``HFEngine`` over the base model gated with the MoE saved in ``folder`` (``adapters``: TrainedAdapter list)."""
+    """An ``HFEngine`` over the base model gated with the MoE saved in ``folder`` (``adapters``: TrainedAdapter
+    list)."""
     if engine_config.name != "hf":
         raise TraceRayError(
-            f"router=moe mixes adapters per token, which only the HF engine can run; set engine=hf, not engine={engine_config.name}"
+            "router=moe mixes adapters per token, which only the HF engine can run; set engine=hf, not "
+            f"engine={engine_config.name}"
         )
     network, tokenizer = load_model(model_config, assigned_device())
     load_moe(folder, network, {adapter.name: read_peft_folder(adapter.folder) for adapter in adapters})

@@ -22,11 +22,11 @@ the decision has a margin on both sides.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from trace_ray.artifacts import write_json
 from environments.errors import TraceRayError
+from trace_ray.artifacts import write_json
 from trace_ray.routing.logit_router import BASE, RouteDecision, decide
 
 __all__ = ["OFFSETS_FILE", "fit_offsets", "load_offsets", "offset_decisions", "read_route_file", "save_offsets"]
@@ -49,7 +49,8 @@ def _objective(scores, rewards, labels, offsets) -> tuple[float, int, float]:
 
 
 def _step_values(gaps: list[float]) -> list[float]:
-    """One offset per step of the routed reward: below every gap, between each two, above every gap (0 where it lies in the step)."""
+    """One offset per step of the routed reward: below every gap, between each two, above every gap (0 where it lies in
+    the step)."""
     edges = sorted(set(gaps))
     steps = [(None, edges[0]), *zip(edges, edges[1:]), (edges[-1], None)]
     values = []
@@ -69,10 +70,15 @@ def fit_offsets(scores: list[dict[str, float]], rewards: list[dict[str, float]],
     """Option -> offset (the base's 0) maximising the routed reward of ``scores`` (per task: option -> score) on the
     training tasks, whose per-option greedy rewards are ``rewards`` and oracle labels ``labels``."""
     if not scores or not len(scores) == len(rewards) == len(labels):
-        raise ValueError(f"fit_offsets needs one score row, reward row and label per training task; got {len(scores)}, {len(rewards)}, {len(labels)}")
+        raise ValueError(
+            f"fit_offsets needs one score row, reward row and label per training task; got {len(scores)}, "
+            f"{len(rewards)}, {len(labels)}"
+        )
     names = list(scores[0])
     if BASE not in names:
-        raise ValueError(f"the options {names} have no {BASE!r}: its offset is the fixed 0 the others are fitted against")
+        raise ValueError(
+            f"the options {names} have no {BASE!r}: its offset is the fixed 0 the others are fitted against"
+        )
     offsets = {name: 0.0 for name in names}
     best = _objective(scores, rewards, labels, offsets)
     for _ in range(MAX_PASSES):
@@ -80,7 +86,10 @@ def fit_offsets(scores: list[dict[str, float]], rewards: list[dict[str, float]],
         for name in names:
             if name == BASE:
                 continue
-            gaps = [max(value + offsets[other] for other, value in row.items() if other != name) - row[name] for row in scores]
+            gaps = [
+                max(value + offsets[other] for other, value in row.items() if other != name) - row[name]
+                for row in scores
+            ]
             for value in _step_values(gaps):
                 trial = {**offsets, name: value}
                 outcome = _objective(scores, rewards, labels, trial)
@@ -92,7 +101,8 @@ def fit_offsets(scores: list[dict[str, float]], rewards: list[dict[str, float]],
 
 
 def read_route_file(path: Path, needed_by: str, kind: str, fix: str, parse: Callable[[dict], dict]) -> dict:
-    """``parse`` of the JSON file ``path`` that ``trace-ray route`` wrote; a one-line error (``needed_by`` it, with ``fix``)
+    """``parse`` of the JSON file ``path`` that ``trace-ray route`` wrote; a one-line error (``needed_by`` it, with
+    ``fix``)
     when it is missing, and naming ``kind`` when it does not parse."""
     if not path.is_file():
         raise TraceRayError(f"{needed_by} {path}, which is missing; {fix}")
@@ -103,16 +113,25 @@ def read_route_file(path: Path, needed_by: str, kind: str, fix: str, parse: Call
 
 
 def save_offsets(folder: Path, offsets: dict[str, float], model_name: str, **facts) -> None:
-    write_json(Path(folder) / OFFSETS_FILE, {"model": model_name, "options": list(offsets), "offsets": offsets, **facts})
+    write_json(
+        Path(folder) / OFFSETS_FILE, {"model": model_name, "options": list(offsets), "offsets": offsets, **facts}
+    )
 
 
 def load_offsets(folder: Path, model_name: str, names: list[str]) -> dict[str, float]:
     """The offsets ``trace-ray route`` fitted for these options and this base model; a one-line error otherwise."""
     path = Path(folder) / OFFSETS_FILE
     fix = f"run trace-ray route run_dir={Path(folder).parent} (it fits them), or set router.calibration=content_free"
-    saved = read_route_file(path, "router.calibration=fitted needs the logit router's offsets in", "a logit router offsets file", fix,
-                            lambda saved: {"model": saved["model"], "offsets": {k: float(v) for k, v in saved["offsets"].items()}})
+    saved = read_route_file(
+        path,
+        "router.calibration=fitted needs the logit router's offsets in",
+        "a logit router offsets file",
+        fix,
+        lambda saved: {"model": saved["model"], "offsets": {k: float(v) for k, v in saved["offsets"].items()}},
+    )
     offsets, model = saved["offsets"], saved["model"]
     if model != model_name or sorted(offsets) != sorted(names):
-        raise TraceRayError(f"{path} was fitted for model {model} over {sorted(offsets)}, not {model_name} over {sorted(names)}; {fix}")
+        raise TraceRayError(
+            f"{path} was fitted for model {model} over {sorted(offsets)}, not {model_name} over {sorted(names)}; {fix}"
+        )
     return {name: offsets[name] for name in names}

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from environments.errors import TraceRayError
 from environments.self_checks import oracle, play_recorded
 from trace_ray.config import TraceConfig
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
-from environments.errors import TraceRayError
 from trace_ray.routing.adapters import TrainedAdapter
 from trace_ray.routing.auto_router import AutoRouter, load_selection
 from trace_ray.routing.learned_gate import LearnedRouter, load_gate
@@ -38,7 +38,9 @@ def oracle_example(config: TraceConfig, adapter: TrainedAdapter) -> str:
     return compact_messages(messages, config.router.max_example_chars)
 
 
-def logit_router(config: TraceConfig, model, tokenizer, adapters: list[TrainedAdapter], calibration: str | None = None) -> LogitRouter:
+def logit_router(
+    config: TraceConfig, model, tokenizer, adapters: list[TrainedAdapter], calibration: str | None = None
+) -> LogitRouter:
     """The logit router over ``adapters`` (``calibration``: None for ``router.calibration``; ``fitted`` reads the
     offsets ``trace-ray route`` fitted, from ``run_dir/router``)."""
     calibration = calibration or config.router.calibration
@@ -46,15 +48,26 @@ def logit_router(config: TraceConfig, model, tokenizer, adapters: list[TrainedAd
     offsets = None
     if calibration == "fitted":
         offsets = load_offsets(Path(config.run_dir) / "router", config.model.name, [a.name for a in adapters] + [BASE])
-    return LogitRouter(model, tokenizer, options, max_example_chars=config.router.max_example_chars,
-                       calibration=calibration, offsets=offsets)
+    return LogitRouter(
+        model,
+        tokenizer,
+        options,
+        max_example_chars=config.router.max_example_chars,
+        calibration=calibration,
+        offsets=offsets,
+    )
 
 
 def auto_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters: list[TrainedAdapter]) -> AutoRouter:
-    """The router ``trace-ray route`` chose (``run_dir/router/selection.json``); a missing selection is a one-line error."""
+    """The router ``trace-ray route`` chose (``run_dir/router/selection.json``); a missing selection is a one-line
+    error."""
     folder = run_dir / "router"
     selection = load_selection(folder, config.model.name, [a.name for a in adapters] + [BASE])
-    logit = logit_router(config, model, tokenizer, adapters, "content_free") if "logit" in needs(selection["rule"]) else None
+    logit = (
+        logit_router(config, model, tokenizer, adapters, "content_free")
+        if "logit" in needs(selection["rule"])
+        else None
+    )
     return AutoRouter(selection, model, tokenizer, logit, folder)
 
 
@@ -64,7 +77,10 @@ def build_router(config: TraceConfig, run_dir: Path, model, tokenizer, adapters:
     if name == "none":
         return None
     if not adapters:
-        raise TraceRayError(f"router={name} needs trained capability adapters in {run_dir / 'adapters'}; use router=none or run trace-ray train")
+        raise TraceRayError(
+            f"router={name} needs trained capability adapters in {run_dir / 'adapters'}; use "
+            "router=none or run trace-ray train"
+        )
     if name == "auto":
         return auto_router(config, run_dir, model, tokenizer, adapters)
     if name == "logit":

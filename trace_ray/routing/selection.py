@@ -39,16 +39,17 @@ must be strictly above the fallback's; ties go to the earlier candidate.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from trace_ray.config import GateConfig
 from environments.errors import TraceRayError
+from trace_ray.config import GateConfig
 from trace_ray.evaluation.statistics import bootstrap_interval
-from trace_ray.routing.learned_gate import fit_gate, first_request, gate_decisions
+from trace_ray.routing.learned_gate import first_request, fit_gate, gate_decisions
 from trace_ray.routing.logit_router import BASE, decide
 from trace_ray.routing.offsets import fit_offsets, offset_decisions
 
@@ -66,7 +67,9 @@ def correct(rewards: dict[str, float], choice: str) -> bool:
 def routing_metrics(choices: list[str], rewards: list[dict[str, float]]) -> dict:
     """Tie-aware accuracy, mean routed reward, and mean regret (best reward minus the chosen one's) of ``choices``."""
     if not choices or len(choices) != len(rewards):
-        raise ValueError(f"routing metrics need one choice per task's rewards; got {len(choices)} choices, {len(rewards)} tasks")
+        raise ValueError(
+            f"routing metrics need one choice per task's rewards; got {len(choices)} choices, {len(rewards)} tasks"
+        )
     routed = [task[choice] for task, choice in zip(rewards, choices)]
     regret = [max(task.values()) - value for task, value in zip(rewards, routed)]
     return {
@@ -81,7 +84,9 @@ def regrets(choices: list[str], rewards: list[dict[str, float]]) -> list[float]:
     return [max(task.values()) - task[choice] for task, choice in zip(rewards, choices)]
 
 
-def routing_summary(choices: list[str], rewards: list[dict[str, float]], confidence: float = 0.95, seed: int = 0) -> dict:
+def routing_summary(
+    choices: list[str], rewards: list[dict[str, float]], confidence: float = 0.95, seed: int = 0
+) -> dict:
     """:func:`routing_metrics` and the bootstrap interval of the mean regret."""
     interval = bootstrap_interval(regrets(choices, rewards), confidence, seed=seed)
     return {**routing_metrics(choices, rewards), "regret_interval": [float(interval[0]), float(interval[1])]}
@@ -143,10 +148,17 @@ class Constant:
 
 
 def best_on_average(rows: list[RoutingRow], names: list[str]) -> str:
-    """The option of the highest mean reward on ``rows``; ties: correct on more rows, then the base, then ``names`` order."""
+    """The option of the highest mean reward on ``rows``; ties: correct on more rows, then the base, then ``names``
+    order."""
+
     def key(name: str) -> tuple:
-        return (round(float(np.mean([row.rewards[name] for row in rows])), 9), sum(correct(row.rewards, name) for row in rows),
-                name == BASE, -names.index(name))
+        return (
+            round(float(np.mean([row.rewards[name] for row in rows])), 9),
+            sum(correct(row.rewards, name) for row in rows),
+            name == BASE,
+            -names.index(name),
+        )
+
     return max(names, key=key)
 
 
@@ -211,18 +223,31 @@ class GainRule:
 
     def state(self) -> dict:
         return {
-            "fallback": self.fallback, "with_logits": self.with_logits, "margin": self.margin, "mean": self.mean.tolist(),
-            "std": self.std.tolist(), "weights": {k: v.tolist() for k, v in self.weights.items()}, "intercepts": self.intercepts,
+            "fallback": self.fallback,
+            "with_logits": self.with_logits,
+            "margin": self.margin,
+            "mean": self.mean.tolist(),
+            "std": self.std.tolist(),
+            "weights": {k: v.tolist() for k, v in self.weights.items()},
+            "intercepts": self.intercepts,
         }
 
     @classmethod
-    def from_state(cls, state: dict) -> "GainRule":
-        return cls(state["fallback"], state["with_logits"], state["margin"], np.array(state["mean"]), np.array(state["std"]),
-                   {k: np.array(v) for k, v in state["weights"].items()}, dict(state["intercepts"]))
+    def from_state(cls, state: dict) -> GainRule:
+        return cls(
+            state["fallback"],
+            state["with_logits"],
+            state["margin"],
+            np.array(state["mean"]),
+            np.array(state["std"]),
+            {k: np.array(v) for k, v in state["weights"].items()},
+            dict(state["intercepts"]),
+        )
 
 
 def fit_gain(rows: list[RoutingRow], names: list[str], with_logits: bool, ridge: float, margin: float) -> GainRule:
-    """Ridge regression (unpenalised intercept) of each option's reward minus the fallback's on the standardised features."""
+    """Ridge regression (unpenalised intercept) of each option's reward minus the fallback's on the standardised
+    features."""
     fallback = best_on_average(rows, names)
     features = gain_features([row.features for row in rows], with_logits)
     mean, std = features.mean(axis=0), features.std(axis=0)
@@ -241,7 +266,8 @@ def fit_gain(rows: list[RoutingRow], names: list[str], with_logits: bool, ridge:
 
 @dataclass
 class Candidate:
-    """A named way of fitting a rule on training rows (``synthetic``: rows of the adapters' own environments, labels only)."""
+    """A named way of fitting a rule on training rows (``synthetic``: rows of the adapters' own environments, labels
+    only)."""
 
     name: str
     fit: Callable[[list[RoutingRow], list[RoutingRow]], FittedRule]
@@ -258,13 +284,17 @@ def candidate_rules(names: list[str], gate: GateConfig, ridge: float, margin: fl
         fallback = best_on_average(rows, names)
         training = rows + synthetic
         try:
-            gated = fit_gate(hidden_matrix([row.features for row in training]), [row.label for row in training], names, gate, seed)
+            gated = fit_gate(
+                hidden_matrix([row.features for row in training]), [row.label for row in training], names, gate, seed
+            )
             return GateRule(gated, fallback)
         except TraceRayError:  # one label throughout: no gate; it abstains to the fallback
             return GateRule(None, fallback)
 
     candidates = [Candidate(FALLBACK, lambda rows, _: Constant(best_on_average(rows, names)))]
-    candidates += [Candidate(f"always {name}", lambda rows, _, name=name: Constant(name)) for name in [BASE, *names[:-1]]]
+    candidates += [
+        Candidate(f"always {name}", lambda rows, _, name=name: Constant(name)) for name in [BASE, *names[:-1]]
+    ]
     candidates += [
         Candidate("logit (uncalibrated)", lambda rows, _: LogitRule("none")),
         Candidate("logit (content-free)", lambda rows, _: LogitRule("content_free")),
@@ -280,7 +310,9 @@ def candidate_rules(names: list[str], gate: GateConfig, ridge: float, margin: fl
 def fold_of(count: int, folds: int, seed: int) -> list[int]:
     """Each row's fold: a seeded shuffle dealt round-robin, so fold sizes differ by at most one."""
     if not 2 <= folds <= count:
-        raise TraceRayError(f"router.auto.folds={folds} needs 2 <= folds <= the {count} training tasks; lower it or route more tasks")
+        raise TraceRayError(
+            f"router.auto.folds={folds} needs 2 <= folds <= the {count} training tasks; lower it or route more tasks"
+        )
     order = np.random.default_rng(seed).permutation(count)
     assignment = [0] * count
     for position, row in enumerate(order):
@@ -288,8 +320,9 @@ def fold_of(count: int, folds: int, seed: int) -> list[int]:
     return assignment
 
 
-def cross_validate(candidates: list[Candidate], rows: list[RoutingRow], synthetic: list[RoutingRow], folds: int,
-                   seed: int = 0) -> dict[str, dict]:
+def cross_validate(
+    candidates: list[Candidate], rows: list[RoutingRow], synthetic: list[RoutingRow], folds: int, seed: int = 0
+) -> dict[str, dict]:
     """Candidate name -> its out-of-fold choices and metrics on ``rows`` (all of them, and per fold)."""
     assignment = fold_of(len(rows), folds, seed)
     results = {}
@@ -303,12 +336,17 @@ def cross_validate(candidates: list[Candidate], rows: list[RoutingRow], syntheti
             for index, pick in zip(held, picks):
                 choices[index] = pick
             per_fold.append({"tasks": len(held), **routing_metrics(picks, [rows[index].rewards for index in held])})
-        results[candidate.name] = {"choices": choices, **routing_metrics(choices, [row.rewards for row in rows]), "folds": per_fold}
+        results[candidate.name] = {
+            "choices": choices,
+            **routing_metrics(choices, [row.rewards for row in rows]),
+            "folds": per_fold,
+        }
     return results
 
 
 def choose(results: dict[str, dict]) -> str:
-    """The candidate of the highest out-of-fold routed reward; it must beat the fallback's strictly (ties: the earlier)."""
+    """The candidate of the highest out-of-fold routed reward; it must beat the fallback's strictly (ties: the
+    earlier)."""
     floor = results[FALLBACK]["routed_reward"]
     best = FALLBACK
     for name, result in results.items():
@@ -319,7 +357,8 @@ def choose(results: dict[str, dict]) -> str:
 
 # -- the chosen rule, saved and restored -----------------------------------------------------------
 def rule_state(rule: FittedRule) -> dict:
-    """What serving needs to rebuild ``rule`` (a gate's weights are saved beside it, see :mod:`trace_ray.routing.auto_router`)."""
+    """What serving needs to rebuild ``rule`` (a gate's weights are saved beside it, see
+    :mod:`trace_ray.routing.auto_router`)."""
     if isinstance(rule, Constant):
         return {"kind": "constant", "option": rule.option}
     if isinstance(rule, LogitRule):

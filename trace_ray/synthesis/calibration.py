@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 import numbers
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 VERDICTS = ("in_band", "too_easy", "too_hard")
 DEFAULT_KS = (1, 4, 8, 16)
@@ -90,9 +91,7 @@ class CalibrationStats:
         }
 
 
-def calibration_stats(
-    groups: list[list[tuple[float, bool]]], ks: tuple[int, ...] = DEFAULT_KS
-) -> CalibrationStats:
+def calibration_stats(groups: list[list[tuple[float, bool]]], ks: tuple[int, ...] = DEFAULT_KS) -> CalibrationStats:
     """Summarize groups of rollouts: one list per task seed, each the (reward, success) of its K rollouts.
 
     All groups must have the same, non-zero size. pass@k is the mean over groups of

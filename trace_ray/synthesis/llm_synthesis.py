@@ -18,22 +18,24 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from environments import protocol, tool_environment
+from environments.errors import TraceRayError
 from environments.self_checks import run_self_checks
 from environments.synthetic import sandbox
 from environments.synthetic.sandbox import SandboxedEnvironment, SandboxError, SandboxLimits
-from environments.errors import TraceRayError
 from trace_ray.llm_client import LLMClient, one_line
 
 Admit = Callable[[Path], list[str]]
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _PYTHON_TAGS = {"python", "py", "python3"}
-CONTRACT_HEADING, SANDBOX_HEADING = "The generated module's contract", "\nThe sandbox\n"  # sections of the sandbox's docstring
+# sections of the sandbox's docstring
+CONTRACT_HEADING, SANDBOX_HEADING = "The generated module's contract", "\nThe sandbox\n"
 
 SYSTEM_PROMPT = (
     "You write Python modules that implement verifiable training environments for LLM agents that use tools. "
@@ -82,14 +84,20 @@ class GenerationRequest:
 
 def default_protocol_text() -> str:
     """What the model needs of this project: the module contract, the protocol and the ToolEnvironment base class."""
+
     def source(module: Any) -> str:
         return Path(module.__file__).read_text(encoding="utf-8")
 
     docstring = ast.get_docstring(ast.parse(source(sandbox))) or ""  # read from the source: survives python -OO
     section = docstring.split(SANDBOX_HEADING)[0]
-    contract = section[section.find(CONTRACT_HEADING):].strip()
-    sources = [(path, source(module)) for path, module in
-               (("environments/protocol.py", protocol), ("environments/tool_environment.py", tool_environment))]
+    contract = section[section.find(CONTRACT_HEADING) :].strip()
+    sources = [
+        (path, source(module))
+        for path, module in (
+            ("environments/protocol.py", protocol),
+            ("environments/tool_environment.py", tool_environment),
+        )
+    ]
     return contract + "".join(f"\n\n### {path}\n```python\n{text.strip()}\n```" for path, text in sources)
 
 
@@ -135,7 +143,8 @@ def _parses(code: str) -> bool:
 
 
 def extract_module(answer: str) -> str:
-    """The module's code: the first ```python block (else the first untagged block), or the whole answer if it has no fence and parses."""
+    """The module's code: the first ```python block (else the first untagged block), or the whole answer if it has no
+    fence and parses."""
     blocks = [(tag.lower(), code) for tag, code in _FENCE.findall(answer)]
     code = next((code for tag, code in blocks if tag in _PYTHON_TAGS), None)
     if code is None:
@@ -144,7 +153,9 @@ def extract_module(answer: str) -> str:
         if "```" in answer:
             opened = re.search(r"```[ \t]*(python|py|python3)?[ \t]*\n", answer, re.IGNORECASE)
             if opened and not blocks:
-                raise ValueError("the answer's code block is not closed (cut off at the token limit? raise synthesis.max_tokens)")
+                raise ValueError(
+                    "the answer's code block is not closed (cut off at the token limit? raise synthesis.max_tokens)"
+                )
             raise ValueError("the answer has no ```python code block")
         if not answer.strip():
             raise ValueError("the answer is empty")
@@ -164,8 +175,14 @@ def _write_log(path: Path, capability: str, sections: list[str]) -> None:
 
 
 def synthesize_module(
-    client: LLMClient, request: GenerationRequest, folder: Path, admit: Admit, max_attempts: int, seed: int,
-    temperature: float, protocol_text: str,
+    client: LLMClient,
+    request: GenerationRequest,
+    folder: Path,
+    admit: Admit,
+    max_attempts: int,
+    seed: int,
+    temperature: float,
+    protocol_text: str,
 ) -> Path:
     """Ask for the module until ``admit`` finds no problem; the admitted ``folder/module.py``.
 
@@ -202,28 +219,39 @@ def synthesize_module(
                 return final
             listed = "\n".join(f"- {problem}" for problem in problems)
             sections.append(f"## Attempt {attempt} (`{path.name}`)\n\nrejected:\n{listed}\n")
-            messages.append({
-                "role": "user",
-                "content": f"Your module was rejected:\n{listed}\nFix it and reply with the whole corrected module.",
-            })
+            messages.append(
+                {
+                    "role": "user",
+                    "content": (
+                        f"Your module was rejected:\n{listed}\nFix it and reply with the whole corrected module."
+                    ),
+                }
+            )
     finally:
         _write_log(log_path, request.capability, sections)
     raise SynthesisError(
-        f"synthesis of capability {request.capability!r} failed: none of {max_attempts} generated module(s) passed the checks "
+        f"synthesis of capability {request.capability!r} failed: none of {max_attempts} generated module(s) passed the "
+        "checks "
         f"(last problem: {one_line(problems[0], 200) if problems else 'none recorded'}; see {log_path}); "
-        f"use a stronger synthesis.model, raise synthesis.max_attempts, or write a template for it (synthesis=templates)"
+        "use a stronger synthesis.model, raise synthesis.max_attempts, or write a template for it "
+        "(synthesis=templates)"
     )
 
 
 def sandbox_admission(
-    target_tools: list[dict[str, Any]], seeds: list[int], limits: SandboxLimits, difficulty: int | None = None,
+    target_tools: list[dict[str, Any]],
+    seeds: list[int],
+    limits: SandboxLimits,
+    difficulty: int | None = None,
     env_options: dict[str, Any] | None = None,
 ) -> Admit:
-    """``admit(path)``: the self-checks' failures of the module, run in sandboxes, as one-line problems (none: admitted).
+    """``admit(path)``: the self-checks' failures of the module, run in sandboxes, as one-line problems (none:
+    admitted).
 
     The checks run at ``difficulty`` (default: the middle of the module's
     ``DIFFICULTIES``, which the sandbox also checks is a non-empty tuple of ints).
     """
+
     def admit(path: Path) -> list[str]:
         sandboxes: list[SandboxedEnvironment] = []
 

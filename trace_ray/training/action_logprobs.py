@@ -1,4 +1,5 @@
-"""The policy's log-probs of the action tokens of a micro-batch: shared prefixes encoded once, ``lm_head`` only where used.
+"""The policy's log-probs of the action tokens of a micro-batch: shared prefixes encoded once, ``lm_head`` only where
+used.
 
 Every member of a GRPO group starts with the same prompt (the policy, the tool
 schemas, the worked example, the task: ~800 tokens on the device target) and
@@ -111,7 +112,9 @@ def _logits(lm_head: torch.nn.Module, hidden: torch.Tensor, temperature: float) 
     return (logits.float() if logits.element_size() < 4 else logits) / temperature
 
 
-def _action_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def _action_logprobs(
+    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
     logits = _logits(lm_head, hidden, temperature)
     return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
@@ -151,7 +154,8 @@ class SharedPrefix(DynamicCache):
 
 
 class ActionLogprobs(torch.nn.Module):
-    """``forward(rows, shared_prefix, reference)`` -> (log-probs, entropies), each flat over the rows' action tokens in order.
+    """``forward(rows, shared_prefix, reference)`` -> (log-probs, entropies), each flat over the rows' action tokens in
+    order.
 
     ``gradient_checkpointing``: every decoder layer's activations are recomputed in the backward pass instead of
     kept (transformers' layer checkpointing; the prefix's key-value caches here are replay-safe, see
@@ -172,7 +176,9 @@ class ActionLogprobs(torch.nn.Module):
             for layer in self.decoder.layers:
                 layer._can_checkpoint_with_cache = True  # our caches are replay-safe
 
-    def forward(self, rows: list[ScoredRow], shared_prefix: bool = True, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, rows: list[ScoredRow], shared_prefix: bool = True, reference: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if reference:
             with self.policy.disable_adapter():
                 return self._score(rows, shared_prefix)
@@ -185,12 +191,18 @@ class ActionLogprobs(torch.nn.Module):
             counts = [len(rows[index].actions) for index in group.rows]
             pieces.update(zip(group.rows, torch.split(self._hidden_at_actions(group, rows, device), counts)))
         hidden = torch.cat([pieces[index] for index in range(len(rows))])
-        targets = torch.tensor([row.token_ids[position] for row in rows for position in row.actions], dtype=torch.long, device=device)
+        targets = torch.tensor(
+            [row.token_ids[position] for row in rows for position in row.actions], dtype=torch.long, device=device
+        )
         logprobs, entropies = [], []
         for start in range(0, hidden.shape[0], CHUNK_TOKENS):
-            chunk, chunk_targets = hidden[start: start + CHUNK_TOKENS], targets[start: start + CHUNK_TOKENS]
+            chunk, chunk_targets = hidden[start : start + CHUNK_TOKENS], targets[start : start + CHUNK_TOKENS]
             if torch.is_grad_enabled():  # the chunk's logits are recomputed in backward instead of kept
-                logprobs.append(checkpoint(_action_logprobs, self.lm_head, chunk, chunk_targets, self.temperature, use_reentrant=False))
+                logprobs.append(
+                    checkpoint(
+                        _action_logprobs, self.lm_head, chunk, chunk_targets, self.temperature, use_reentrant=False
+                    )
+                )
             else:
                 logprobs.append(_action_logprobs(self.lm_head, chunk, chunk_targets, self.temperature))
             entropies.append(_entropy(self.lm_head, chunk.detach(), self.temperature))
@@ -200,7 +212,8 @@ class ActionLogprobs(torch.nn.Module):
         return torch.cat(logprobs), torch.cat(entropies)
 
     def _hidden_at_actions(self, group: PrefixGroup, rows: list[ScoredRow], device: torch.device) -> torch.Tensor:
-        """The hidden states that predict the group's action tokens (position t - 1 for action t), row after row: ``[actions, H]``."""
+        """The hidden states that predict the group's action tokens (position t - 1 for action t), row after row:
+        ``[actions, H]``."""
         prefix = group.prefix
         members = [rows[index] for index in group.rows]
         width = max(len(row.token_ids) for row in members) - prefix
@@ -210,22 +223,29 @@ class ActionLogprobs(torch.nn.Module):
         for slot, row in enumerate(members):
             rest = row.token_ids[prefix:]
             ids[slot, : len(rest)] = torch.tensor(rest, dtype=torch.long, device=device)
-            mask[slot, prefix: prefix + len(rest)] = 1
+            mask[slot, prefix : prefix + len(rest)] = 1
         positions = torch.arange(prefix, prefix + width, device=device).expand(len(members), width)
         if prefix:
             recorder = PrefixRecorder(config=self.decoder.config)
             head = torch.tensor([members[0].token_ids[:prefix]], dtype=torch.long, device=device)
             prefix_hidden = self.decoder(input_ids=head, past_key_values=recorder, use_cache=True).last_hidden_state[0]
             rest_hidden = self.decoder(
-                input_ids=ids, attention_mask=mask, position_ids=positions,
-                past_key_values=SharedPrefix(self.decoder.config, recorder, len(members)), use_cache=True,
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=SharedPrefix(self.decoder.config, recorder, len(members)),
+                use_cache=True,
             ).last_hidden_state
         else:
-            rest_hidden = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+            rest_hidden = self.decoder(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            ).last_hidden_state
             prefix_hidden = rest_hidden.new_zeros((0, rest_hidden.shape[-1]))
-        table = torch.cat([prefix_hidden, rest_hidden.reshape(-1, rest_hidden.shape[-1])])  # the shared prefix's, then each member's
+        # the shared prefix's, then each member's
+        table = torch.cat([prefix_hidden, rest_hidden.reshape(-1, rest_hidden.shape[-1])])
         where = [
             t if t < prefix else prefix + slot * width + (t - prefix)
-            for slot, row in enumerate(members) for t in (position - 1 for position in row.actions)  # t predicts t + 1
+            for slot, row in enumerate(members)
+            for t in (position - 1 for position in row.actions)  # t predicts t + 1
         ]
         return table[torch.tensor(where, dtype=torch.long, device=device)]

@@ -46,12 +46,18 @@ def summarize_groups(groups: list[list[EpisodeResult]]) -> GroupSummary:
     rewards = [result.reward for group in groups for result in group]
     if not rewards:
         return GroupSummary()
-    informative = int(group_advantages(torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64))[1].sum())
+    informative = int(
+        group_advantages(torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float64))[1].sum()
+    )
     return GroupSummary(
-        groups=len(groups), informative_groups=informative, rollouts=len(rewards),
-        reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
+        groups=len(groups),
+        informative_groups=informative,
+        rollouts=len(rewards),
+        reward_mean=statistics.fmean(rewards),
+        reward_std=statistics.pstdev(rewards),
         success_rate=sum(result.success for group in groups for result in group) / len(rewards),
-        action_tokens=sum(result.record.action_tokens for group in groups for result in group), rewards=rewards,
+        action_tokens=sum(result.record.action_tokens for group in groups for result in group),
+        rewards=rewards,
     )
 
 
@@ -63,7 +69,10 @@ def truncate(record_ids: list[int], mask: list[int], logprobs: list[float], max_
 
 
 def training_rows(
-    groups: list[list[EpisodeResult]], normalize: str, eps: float, max_tokens: int | None = None,
+    groups: list[list[EpisodeResult]],
+    normalize: str,
+    eps: float,
+    max_tokens: int | None = None,
 ) -> list[TrainingRow]:
     """One row per rollout of every informative group, with its group-relative advantage."""
     if not groups:

@@ -13,9 +13,10 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -45,7 +46,8 @@ class TrainState:
     seed_cursor: int = 0  # train seeds consumed (each group takes the next one)
     best_reward: float = -math.inf
     since_best: int = 0  # iterations without a mean-reward gain of grpo.plateau_delta (at the current level)
-    difficulty: int | None = None  # the synthetic environment's level of the last iteration (None: none yet, or no levels)
+    # the synthetic environment's level of the last iteration (None: none yet, or no levels)
+    difficulty: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # the metrics of every iteration
 
 
@@ -62,7 +64,10 @@ def batch_fits(grpo: GRPOConfig, history: list[dict[str, Any]], extra: int = 0) 
 
 
 def collect_groups(
-    grpo: GRPOConfig, state: TrainState, train_seed: Callable[[int], int], play: Callable[[list[int]], list[list[EpisodeResult]]],
+    grpo: GRPOConfig,
+    state: TrainState,
+    train_seed: Callable[[int], int],
+    play: Callable[[list[int]], list[list[EpisodeResult]]],
 ) -> tuple[list[list[EpisodeResult]], int]:
     """An iteration's groups, with dynamic sampling; (groups, seed cursor after them).
 
@@ -105,7 +110,9 @@ def iterations_done(grpo: GRPOConfig, iteration: int, history: list[dict[str, An
 
 def training_finished(grpo: GRPOConfig, state: TrainState) -> bool:
     """Whether a (resumed) run has nothing left to train: enough iterations at its level, or no budget for a batch."""
-    return iterations_done(grpo, state.iteration, at_level(state.history, state.difficulty)) or not batch_fits(grpo, state.history)
+    return iterations_done(grpo, state.iteration, at_level(state.history, state.difficulty)) or not batch_fits(
+        grpo, state.history
+    )
 
 
 def begin_iteration(state: TrainState, batch: dict[str, Any]) -> dict[str, Any]:
@@ -131,8 +138,11 @@ def end_iteration(state: TrainState, metrics: dict[str, Any], grpo: GRPOConfig) 
     metrics["finished_at"] = time.time()
     state.history.append(metrics)
     metrics["stopped_on_budget"] = not batch_fits(grpo, state.history)
-    return (iterations_done(grpo, state.iteration, at_level(state.history, state.difficulty))
-            or metrics["stopped_on_plateau"] or metrics["stopped_on_budget"])
+    return (
+        iterations_done(grpo, state.iteration, at_level(state.history, state.difficulty))
+        or metrics["stopped_on_plateau"]
+        or metrics["stopped_on_budget"]
+    )
 
 
 # -- every rank: the update -----------------------------------------------------------------------
@@ -148,7 +158,9 @@ def per_row(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(list(torch.split(values, counts)), batch_first=True)
 
 
-def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConfig, generator: torch.Generator) -> dict[str, float]:
+def update(
+    scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConfig, generator: torch.Generator
+) -> dict[str, float]:
     """``grpo.ppo_epochs`` passes over ``rows``, one optimizer step per minibatch.
 
     A minibatch's rows, members of a group side by side, are packed into
@@ -170,7 +182,14 @@ def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConf
     """
     grpo = config.grpo
     parameters = lora_parameters(policy)
-    totals: dict[str, float] = {"clip_fraction": 0.0, "approx_kl": 0.0, "entropy": 0.0, "kl_to_base": 0.0, "loss": 0.0, "grad_norm": 0.0}
+    totals: dict[str, float] = {
+        "clip_fraction": 0.0,
+        "approx_kl": 0.0,
+        "entropy": 0.0,
+        "kl_to_base": 0.0,
+        "loss": 0.0,
+        "grad_norm": 0.0,
+    }
     rows_seen, steps, tokens, forward_tokens = 0, 0, 0, 0
     gaps: list[torch.Tensor] = []  # |trainer - engine| per action token, the rollouts' weights
     trainer_old = trainer_logprobs(scorer, rows, grpo) if grpo.old_logprobs == "trainer" else None
@@ -200,7 +219,9 @@ def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConf
                     mask = per_row(torch.ones_like(new), counts)
                     advantages = torch.tensor([row.advantage for row in part_rows], device=new.device)
                     new_rows = per_row(new, counts)
-                    loss, stats = policy_loss(new_rows, per_row(old, counts), advantages, mask, grpo.clip_eps, grpo.clip_eps_high)
+                    loss, stats = policy_loss(
+                        new_rows, per_row(old, counts), advantages, mask, grpo.clip_eps, grpo.clip_eps_high
+                    )
                     if grpo.kl_coef > 0:
                         with torch.no_grad():
                             base = scorer(part, shared_prefix=grpo.shared_prefix, reference=True)[0]
@@ -219,15 +240,25 @@ def update(scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConf
             optimizer.step()
             steps += 1
     metrics = {key: value / max(1, rows_seen) for key, value in totals.items() if key != "grad_norm"}
-    metrics.update(grad_norm=totals["grad_norm"] / max(1, steps), optimizer_steps=steps, trained_tokens=tokens, forward_tokens=forward_tokens)
+    metrics.update(
+        grad_norm=totals["grad_norm"] / max(1, steps),
+        optimizer_steps=steps,
+        trained_tokens=tokens,
+        forward_tokens=forward_tokens,
+    )
     gap = torch.cat(gaps) if gaps else torch.zeros(0)
-    metrics.update(old_logprob_gap=float(gap.mean()) if gap.numel() else 0.0, old_logprob_gap_max=float(gap.max()) if gap.numel() else 0.0)
+    metrics.update(
+        old_logprob_gap=float(gap.mean()) if gap.numel() else 0.0,
+        old_logprob_gap_max=float(gap.max()) if gap.numel() else 0.0,
+    )
     return metrics
 
 
 def engine_logprobs(row: TrainingRow, device: torch.device) -> torch.Tensor:
     """The log-probs the engine recorded for ``row``'s action tokens at sampling."""
-    return torch.tensor([row.logprobs[t] for t, flag in enumerate(row.action_mask) if flag], dtype=torch.float32, device=device)
+    return torch.tensor(
+        [row.logprobs[t] for t, flag in enumerate(row.action_mask) if flag], dtype=torch.float32, device=device
+    )
 
 
 @torch.no_grad()
@@ -259,7 +290,9 @@ def replica_difference(policy, world_size: int) -> float:
     torch.distributed.all_gather_object(checksums, checksum)
     difference = max(checksums) - min(checksums)
     if difference > 1e-6 * max(1.0, abs(checksum)):
-        raise TraceRayError(f"the LoRA replicas of the Ray Train workers diverged (checksums {checksums}); check the DDP setup")
+        raise TraceRayError(
+            f"the LoRA replicas of the Ray Train workers diverged (checksums {checksums}); check the DDP setup"
+        )
     return difference
 
 
@@ -290,7 +323,8 @@ class Checkpoint:
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         return cls(
-            torch.load(folder / "adapter.pt", weights_only=True), torch.load(folder / "optimizer.pt", weights_only=True),
+            torch.load(folder / "adapter.pt", weights_only=True),
+            torch.load(folder / "optimizer.pt", weights_only=True),
             TrainState(**saved),
         )
 
@@ -298,8 +332,13 @@ class Checkpoint:
 # -- the training function ------------------------------------------------------------------------
 def iteration_metrics(iteration: int, summary: GroupSummary, rollout_s: float) -> dict[str, Any]:
     return {
-        "iteration": iteration, "reward_mean": summary.reward_mean, "reward_std": summary.reward_std,
-        "success_rate": summary.success_rate, "groups": summary.groups, "informative_groups": summary.informative_groups,
-        "rollouts": summary.rollouts, "rollout_s": rollout_s,
+        "iteration": iteration,
+        "reward_mean": summary.reward_mean,
+        "reward_std": summary.reward_std,
+        "success_rate": summary.success_rate,
+        "groups": summary.groups,
+        "informative_groups": summary.informative_groups,
+        "rollouts": summary.rollouts,
+        "rollout_s": rollout_s,
         "rollout_tokens_per_s": summary.action_tokens / rollout_s if rollout_s > 0 else 0.0,
     }

@@ -16,12 +16,18 @@ from trace_ray.training.parallel import whole
 def peft_settings(lora: LoRAConfig) -> dict:
     """The adapter's settings as ``peft.LoraConfig`` keywords (what engines' ``load_adapter`` takes)."""
     return {
-        "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
-        "target_modules": list(lora.target_modules), "bias": "none", "task_type": "CAUSAL_LM",
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": list(lora.target_modules),
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
     }
 
 
-def trainable_model(model: ModelConfig, lora: LoRAConfig, seed: int, device: str = "cpu", dtype: torch.dtype | None = None):
+def trainable_model(
+    model: ModelConfig, lora: LoRAConfig, seed: int, device: str = "cpu", dtype: torch.dtype | None = None
+):
     """(PEFT model on ``device`` with a fresh adapter ``default``, tokenizer); every rank with the same seed starts
     identical. ``dtype`` (None: ``model.dtype`` on ``device``; ``auto`` is bfloat16 on a GPU, float32 on the CPU)."""
     from peft import LoraConfig, get_peft_model
@@ -41,7 +47,8 @@ def lora_parameters(peft_model) -> list[torch.nn.Parameter]:
 
 
 def lora_state(peft_model) -> dict[str, torch.Tensor]:
-    """The LoRA parameters by their names in the model, whole (FSDP shards gathered: every Ray Train worker calls it)."""
+    """The LoRA parameters by their names in the model, whole (FSDP shards gathered: every Ray Train worker calls
+    it)."""
     return {name: whole(parameter.detach()) for name, parameter in peft_model.named_parameters() if "lora_" in name}
 
 
@@ -73,9 +80,14 @@ def export_adapter(peft_model, folder: Path, state: dict[str, torch.Tensor] | No
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".export-", dir=folder) as scratch:
-        peft_model.save_pretrained(scratch, safe_serialization=True, state_dict={
-            name: tensor.to("cpu") for name, tensor in (state if state is not None else lora_state(peft_model)).items()
-        })
+        peft_model.save_pretrained(
+            scratch,
+            safe_serialization=True,
+            state_dict={
+                name: tensor.to("cpu")
+                for name, tensor in (state if state is not None else lora_state(peft_model)).items()
+            },
+        )
         for path in sorted(Path(scratch).iterdir()):
             if path.is_file():
                 os.replace(path, folder / path.name)

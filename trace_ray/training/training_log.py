@@ -32,7 +32,7 @@ class TrainingLog:
             from tensorboardX import SummaryWriter
 
             self._writer = SummaryWriter(str(self.folder / "tensorboard"))
-        for metrics in history[self._logged:]:
+        for metrics in history[self._logged :]:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in CLOCK_FIELDS:
                     self._writer.add_scalar(f"grpo/{key}", value, metrics["iteration"])

@@ -15,15 +15,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.progress import Progress
+
 from actors.ray_connection import connect_ray
 from actors.remote_errors import task_error
+from actors.rollout_service import start_rollout_service
 from environments.protocol import Environment
 from trace_ray.config import TraceConfig
 from trace_ray.console import console
-from trace_ray.evaluation.option_rollouts import play_options_here
+from trace_ray.engines import SamplingParams, make_engine
 from trace_ray.evaluation.played_episodes import Played
 from trace_ray.resources import Role, check_placement, cluster_nodes
+from trace_ray.rollout_loop import EpisodeTask
+from trace_ray.routing.adapters import read_peft_folder
 from trace_ray.routing.logit_router import BASE
+
+ADAPTER_VERSION = 1  # every adapter a model task loads is the exported one
 
 
 def model_task_resources(config: TraceConfig) -> dict[str, float]:
@@ -48,6 +55,37 @@ def on_model_worker(config: TraceConfig, function: Callable[..., Any], *args: An
         raise task_error(exc) from None
 
 
+def play_options_here(
+    config: TraceConfig,
+    make_env: Callable[[], Environment],
+    adapters: dict[str, Path],
+    pairs: list[tuple[int, str]],
+    make_engine_here: Callable[[], Any] | None,
+) -> Played:
+    """Each (seed, option) of ``pairs``: its greedy episode, through an in-process rollout service (the body of
+    :func:`play_options`'s Ray task). One engine holds the base model and every adapter, all played in one batched
+    run; ``make_engine_here`` builds another engine than the configured one."""
+    engine = make_engine_here() if make_engine_here else make_engine(config.model, config.engine)
+    rollouts = start_rollout_service(config, engine=engine, make_env=make_env)
+    try:
+        for name, folder in adapters.items():
+            rollouts.publish_adapter(name, ADAPTER_VERSION, *read_peft_folder(folder))
+        tasks = [
+            EpisodeTask(f"{name}-{seed}", seed, 0, adapter=None if name == BASE else (name, ADAPTER_VERSION))
+            for seed, name in pairs
+        ]
+        greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.model.sampling.max_new_tokens)
+        with Progress(console=console, transient=True) as progress:
+            bar = progress.add_task(f"greedy episodes: {len(tasks)}", total=len(tasks))
+            results = rollouts.episodes(tasks, greedy, lambda _: progress.advance(bar))
+    finally:
+        rollouts.close()
+    played: Played = {}
+    for task, result in zip(tasks, results):
+        played.setdefault(task.seed, {})[task.key.rsplit("-", 1)[0]] = result
+    return played
+
+
 def play_options(
     config: TraceConfig,
     make_env: Callable[[], Environment],
@@ -57,8 +95,9 @@ def play_options(
     make_engine_here: Callable[[], Any] | None = None,
     known: Played | None = None,
 ) -> Played:
-    """Seed -> option (``base`` and each adapter name) -> its greedy episode, played on a Ray model worker
-    (``actors/model_tasks.py``: the driver loads no weights).
+    """Seed -> option (``base`` and each adapter name) -> its greedy episode, played on a Ray model worker (the driver
+    loads no weights). With greedy decoding and an adapter chosen at the start of the conversation, a router's score
+    on a task is the score of the option it picks, so routers are scored from these episodes without playing again.
 
     ``make_engine_here``: builds the engine to use in the worker (for instance a gated mixture-of-experts engine)
     instead of the configured one. ``known``: episodes already played (:mod:`trace_ray.evaluation.played_episodes`);

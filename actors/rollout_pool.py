@@ -108,11 +108,24 @@ def start_env_actors(config: TraceConfig, env: EnvConfig) -> list:
     return env_actors
 
 
-def stop_env_actors(env_actors: list) -> None:
-    import ray
+def stop_actors(actors: list, wait_s: float = 60.0) -> None:
+    """Kill ``actors`` for good and return once each is gone (its CPUs free for the next stage's actors).
 
-    for actor in env_actors:
-        ray.kill(actor)
+    ``ray.kill`` only asks for the death: a call sent just after it may still be answered, so each actor is
+    asked until it no longer answers."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + wait_s
+    for actor in actors:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except (RayActorError, GetTimeoutError):
+                break
+            time.sleep(0.05)
 
 
 class RayRolloutBackend:

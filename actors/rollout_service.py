@@ -1,46 +1,46 @@
-"""The one rollout service: what collection, synthesis calibration and training ask of the rollout stack.
+"""The one rollout service: what collection, synthesis calibration, training, routing, evaluation and scoring ask
+of the rollout stack.
 
-A :class:`RolloutService` owns a pool of rollout workers (an engine each, holding the base model and the
-published adapters) and environment actors of one environment, plus the agent prompt. It starts with
-:func:`start_rollout_service`, the only place that wires the stack; it can switch to another environment
-(a synthetic environment's next level, the next calibration level) keeping its workers; it plays episodes
-or groups of episodes with the base model or an adapter version; it publishes a new adapter version to
-every worker, verified; and it closes. Every :class:`~trace_ray.rollout_loop.EpisodeResult` carries the
-adapter ``(name, version)`` it was generated with. Nobody outside this module touches the pool.
+A :class:`RolloutService` plays episodes, or groups of episodes, of one environment with the base model or an
+adapter version (every :class:`~trace_ray.rollout_loop.EpisodeResult` carries the adapter ``(name, version)`` it was
+generated with); it can switch to another environment (a synthetic environment's next level, the next calibration
+level) keeping its engines; it publishes an adapter version to every engine; and it closes.
+:func:`start_rollout_service`, the only place that wires the stack, builds one of two:
+
+- :class:`RayRolloutService`: a pool of Ray rollout workers (an engine each) and environment actors, for
+  collection, calibration and training; an adapter version is published to every worker, verified.
+- :class:`LocalRolloutService`: one engine and the environments in this process, for the greedy episodes of
+  ``route`` and ``evaluate`` (inside a Ray model task, ``actors/model_tasks.py``) and for ``trace-ray score``.
+
+Nobody outside this module touches the pool or the backend.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-import ray
 import torch
 
 from actors.ray_connection import connect_ray
-from actors.rollout_pool import RayRolloutBackend, start_env_actors, start_pool, stop_env_actors
+from actors.rollout_pool import RayRolloutBackend, start_env_actors, start_pool, stop_actors
 from actors.weight_sync import sync_adapter
+from environments.protocol import Environment
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.config import EnvConfig, TraceConfig
-from trace_ray.engines import AdapterRef, SamplingParams
+from trace_ray.engines import AdapterRef, Engine, SamplingParams
+from trace_ray.environment_setup import environment_maker
 from trace_ray.models import load_tokenizer
-from trace_ray.rollout_loop import EpisodeResult, EpisodeTask, run_rollouts
+from trace_ray.rollout_loop import EnvironmentPool, EpisodeResult, EpisodeTask, LocalBackend, run_rollouts
 
 
 class RolloutService:
-    def __init__(self, config: TraceConfig, env: EnvConfig):
-        self.config = config
-        self.env = env
-        self.pool = start_pool(config, env)
-        self.backend = RayRolloutBackend(self.pool)
-        self.prompt = AgentPrompt.for_model(config.model, load_tokenizer(config.model))
-        self.published: dict[str, int] = {}  # adapter name -> the version every worker serves
+    """Episodes and groups over a backend (the environments and the engines) with the agent prompt."""
 
-    def switch_environment(self, env: EnvConfig) -> None:
-        """Play ``env`` from now on: new environment actors, the same rollout workers."""
-        stop_env_actors(self.pool.env_actors)
-        self.pool.env_actors = start_env_actors(self.config, env)
-        self.backend = RayRolloutBackend(self.pool)
-        self.env = env
+    def __init__(self, config: TraceConfig, backend: EnvironmentPool, prompt: AgentPrompt):
+        self.config = config
+        self.backend = backend
+        self.prompt = prompt
 
     def episodes(
         self,
@@ -77,22 +77,70 @@ class RolloutService:
         results = self.episodes(tasks, params, on_done)
         return [results[i : i + group_size] for i in range(0, len(results), group_size)]
 
+    def switch_environment(self, env: EnvConfig) -> None:
+        """Play ``env`` from now on, keeping the engines."""
+        raise NotImplementedError
+
     def publish_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
-        """Every worker serves ``name`` at ``version`` from now on (verified); seconds taken."""
-        seconds = sync_adapter(self.pool.workers, name, version, weights, lora_config)
-        self.published[name] = version
-        return seconds
+        """Every engine serves ``name`` at ``version`` from now on; seconds taken."""
+        raise NotImplementedError
 
     def close(self) -> None:
-        """Stop the environment actors and the rollout workers."""
-        stop_env_actors(self.pool.env_actors)
-        for actor in [*self.pool.workers, self.pool.registry]:
-            if actor is not None:
-                ray.kill(actor)
+        """Release the environments and the engines."""
+        raise NotImplementedError
+
+
+class RayRolloutService(RolloutService):
+    """Ray rollout workers and environment actors, sized by ``config.rollout``."""
+
+    def __init__(self, config: TraceConfig, env: EnvConfig):
+        self.pool = start_pool(config, env)
+        super().__init__(
+            config, RayRolloutBackend(self.pool), AgentPrompt.for_model(config.model, load_tokenizer(config.model))
+        )
+
+    def switch_environment(self, env: EnvConfig) -> None:
+        stop_actors(self.pool.env_actors)
+        self.pool.env_actors = start_env_actors(self.config, env)
+        self.backend = RayRolloutBackend(self.pool)
+
+    def publish_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
+        return sync_adapter(self.pool.workers, name, version, weights, lora_config)  # verified on every worker
+
+    def close(self) -> None:
+        registry = [self.pool.registry] if self.pool.registry is not None else []
+        stop_actors([*self.pool.env_actors, *self.pool.workers, *registry])
         self.pool.env_actors, self.pool.workers = [], []
 
 
-def start_rollout_service(config: TraceConfig, env: EnvConfig | None = None) -> RolloutService:
-    """Join Ray and start the rollout stack for ``env`` (default ``config.env``), sized by ``config.rollout``."""
+class LocalRolloutService(RolloutService):
+    """One engine and the environments (``make_env``) in this process."""
+
+    def __init__(self, config: TraceConfig, make_env: Callable[[], Environment], engine: Engine):
+        self.engine = engine
+        super().__init__(config, LocalBackend(make_env, engine), AgentPrompt.for_model(config.model, engine.tokenizer))
+
+    def switch_environment(self, env: EnvConfig) -> None:
+        self.backend = LocalBackend(environment_maker(env), self.engine)
+
+    def publish_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
+        started = time.perf_counter()
+        self.engine.load_adapter(name, version, weights, lora_config)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.engine.close()  # a Ray worker runs many tasks: an engine left open keeps its weights and KV caches
+
+
+def start_rollout_service(
+    config: TraceConfig,
+    env: EnvConfig | None = None,
+    engine: Engine | None = None,
+    make_env: Callable[[], Environment] | None = None,
+) -> RolloutService:
+    """The rollout stack for ``env`` (default ``config.env``): on Ray (joining it) unless ``engine`` is given, then
+    that engine in this process, playing the environments ``make_env`` builds (default ``env``'s)."""
+    if engine is not None:
+        return LocalRolloutService(config, make_env or environment_maker(env or config.env), engine)
     connect_ray(config)
-    return RolloutService(config, env or config.env)
+    return RayRolloutService(config, env or config.env)

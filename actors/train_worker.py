@@ -105,7 +105,7 @@ class LeadRank:
         if self.level is None:
             return {}
         current = self.level if state.difficulty is None else state.difficulty
-        level = next_level(state.history, self.levels, current, self.config.grpo.level_up_success)
+        level = next_level(state.history, self.levels, current, self.job.grpo.level_up_success)
         if level != self.level:
             self.rollouts.switch_environment(dataclasses.replace(self.job.env, difficulty=level))
             self.level = level
@@ -118,7 +118,7 @@ class LeadRank:
 
     def batch(self, state: TrainState, iteration: int) -> dict[str, Any]:
         """The iteration's training rows, the seed cursor after them and the rollout metrics."""
-        config, grpo = self.config, self.config.grpo
+        config, grpo = self.config, self.job.grpo
         started_at = time.time()
         level = self.level_for(state)
         params = SamplingParams(grpo.temperature, 1.0, config.model.sampling.max_new_tokens, seed=config.seed)
@@ -187,7 +187,7 @@ def hand_out(payload: Any, iteration: int, rank: int, mailbox) -> Any:
 def train_loop_per_worker(loop_config: dict) -> None:
     config: TraceConfig = loop_config["config"]
     job: TrainJob = loop_config["job"]
-    grpo = config.grpo
+    grpo = job.grpo
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     # rollouts and updates alternate: while rank 0 waits for rollouts nothing computes here, so the
@@ -234,7 +234,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             if payload["rows"]:
                 generator = torch.Generator().manual_seed(config.seed * 1_000_003 + iteration)
                 shard = shard_rows(payload["rows"], world_size, rank)
-                metrics.update(update(scorer, policy, optimizer, shard, config, generator))
+                metrics.update(update(scorer, policy, optimizer, shard, grpo, generator))
                 if not sharded:
                     metrics["replica_max_diff"] = replica_difference(policy, world_size)
             metrics["update_s"] = time.perf_counter() - started

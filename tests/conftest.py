@@ -35,6 +35,8 @@ def ray_session():
     """One local Ray per test process, i.e. per pytest-xdist worker (4 logical CPUs so light actors always fit)."""
     import ray
 
+    if ray.is_initialized():  # a command an earlier test ran on this worker joined a Ray of its own size
+        ray.shutdown()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -124,11 +124,13 @@ class RunManifest:
         entry = self.entry(stage)
         return entry.get("status") == "done" and entry.get("fingerprint") == fingerprint
 
-    def start(self, stage: str, fingerprint: str, config: dict[str, Any]) -> None:
+    def start(self, stage: str, fingerprint: str, config: dict[str, Any], arguments: dict[str, Any]) -> None:
+        """``stage`` running: the config values and the arguments (from earlier stages' results) it runs with."""
         self.data["stages"][stage] = {
             "status": "running",
             "fingerprint": fingerprint,
             "config": config,
+            "arguments": arguments,
             "versions": package_versions(),
             "commit": source_commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -16,11 +16,11 @@ from trace_ray.trajectory_store import TrajectoryStore, episode_row
 HELP = "sample K episodes per task of a split on Ray rollout workers and write run_dir/trajectories/ (Parquet)"
 
 
-def collection_manifest(config: TraceConfig) -> dict:
-    """What the trajectories are; a run directory holding different ones is refused."""
+def collection_manifest(config: TraceConfig, split: str) -> dict:
+    """What the trajectories of ``split`` are; a run directory holding different ones is refused."""
     return {
         "env": config.env.name,
-        "split": config.split,
+        "split": split,
         "model": config.model.name,
         "samples_per_task": config.samples_per_task,
         "temperature": config.temperature,
@@ -34,10 +34,16 @@ def collection_manifest(config: TraceConfig) -> dict:
 
 
 def run(config: TraceConfig) -> None:
-    manifest = collection_manifest(config)
+    collect(config, config.split, config.limit)
+
+
+def collect(config: TraceConfig, split: str, limit: int | None) -> None:
+    """``config.samples_per_task`` episodes of each of the first ``limit`` tasks of ``split`` (all: None) into
+    run_dir/trajectories/, resuming the episodes already there."""
+    manifest = collection_manifest(config, split)
     store = TrajectoryStore(config.run_dir, manifest)
     make_env = environment_maker(config.env)
-    tasks = benchmark_tasks(make_env(), config.split, config.samples_per_task, config.limit)
+    tasks = benchmark_tasks(make_env(), split, config.samples_per_task, limit)
     store.check_compatible()
     done = store.completed()
     todo = [task for task in tasks if (task.seed, task.sample_index) not in done]
@@ -60,22 +66,21 @@ def run(config: TraceConfig) -> None:
         try:
             with Progress(console=console, transient=True) as progress:
                 bar = progress.add_task(
-                    f"collecting {config.env.name}/{config.split} with {config.model.name}", total=len(todo)
+                    f"collecting {config.env.name}/{split} with {config.model.name}", total=len(todo)
                 )
                 rollouts.episodes(todo, params, on_done)
         finally:
             rollouts.close()
         if pending:
             store.write_shard(pending)
-    print_summary(store, config)
+    print_summary(store, config, split)
 
 
-def print_summary(store: TrajectoryStore, config: TraceConfig) -> None:
+def print_summary(store: TrajectoryStore, config: TraceConfig, split: str) -> None:
     table = store.read()
     rows = summarize(list(zip(*(table.column(name).to_pylist() for name in ("family", "reward", "success")))))
     print_table(
-        f"collected {config.env.name}/{config.split} with {config.model.name} (T={config.temperature}, "
-        f"top_p={config.top_p})",
+        f"collected {config.env.name}/{split} with {config.model.name} (T={config.temperature}, top_p={config.top_p})",
         ["family", "episodes", "perfect", "successes", "success rate", "mean reward"],
         [
             (r.group, r.episodes, r.perfect, r.successes, f"{r.success_rate:.3f}", f"{r.mean_similarity:.3f}")

@@ -43,7 +43,6 @@ from trace_ray.capabilities.selection_file import read_selection
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker
-from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts
 from trace_ray.evaluation.plots import plot_methods, plot_reward_curves
 from trace_ray.evaluation.prompt_injection import capability_note, with_system_note
@@ -66,7 +65,7 @@ from trace_ray.routing.learned_gate import LearnedRouter, load_gate
 from trace_ray.routing.logit_router import BASE
 from trace_ray.routing.lora_moe import moe_engine
 from trace_ray.routing.routers import auto_router, logit_router
-from trace_ray.routing.selection import routing_summary
+from trace_ray.routing.selection import best_choice, routing_summary
 from trace_ray.training.training_log import read_metrics
 
 HELP = (
@@ -105,12 +104,18 @@ def router_choices(
 
 
 def run(config: TraceConfig) -> None:
+    evaluate(config, config.split, config.limit)
+
+
+def evaluate(config: TraceConfig, split: str, limit: int | None) -> None:
+    """Every method's greedy episodes on the first ``limit`` tasks of ``split`` (all: None) and the report comparing
+    them, in run_dir/eval/."""
     run_dir = Path(config.run_dir)
     adapters = trained_adapters(run_dir)
     selected = read_selection(run_dir)
     make_env = environment_maker(config.env)
     target = make_env()
-    seeds = target.task_seeds(config.split)[: config.limit or None]
+    seeds = target.task_seeds(split)[: limit or None]
     baseline = run_dir / "adapters" / config.evaluate.grpo_baseline
     options = {a.name: a.folder for a in adapters}
     unavailable: dict[str, str] = {}
@@ -170,7 +175,7 @@ def run(config: TraceConfig) -> None:
 
     report = evaluation_report(methods, config.evaluate.confidence, config.seed)
     rows = report["methods"]
-    title = f"{config.model.name} on {config.env.name}/{config.split}: {len(seeds)} tasks, greedy"
+    title = f"{config.model.name} on {config.env.name}/{split}: {len(seeds)} tasks, greedy"
     notes = [
         "Training rollouts: GRPO episodes recorded in each adapter's metrics.parquet (TRACE: all capability adapters); "
         "identification's collected trajectories and synthesis calibration are not counted.",
@@ -185,7 +190,7 @@ def run(config: TraceConfig) -> None:
         {
             "model": config.model.name,
             "env": config.env.name,
-            "split": config.split,
+            "split": split,
             "tasks": len(seeds),
             "confidence": config.evaluate.confidence,
             **report,
@@ -203,7 +208,7 @@ def run(config: TraceConfig) -> None:
     write_episodes(
         folder / "episodes.parquet",
         episodes,
-        {"split": config.split, "env": config.env.name, "model": config.model.name},
+        {"split": split, "env": config.env.name, "model": config.model.name},
     )
     write_wins(
         folder / "transcripts.md",

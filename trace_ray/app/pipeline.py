@@ -26,6 +26,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from environments.errors import TraceRayError
 from trace_ray.app import collect, evaluate, identify, route, synthesize, train
@@ -33,7 +34,7 @@ from trace_ray.app.evaluate import print_report
 from trace_ray.app.sweeps import job_name
 from trace_ray.artifacts import atomic_path
 from trace_ray.capabilities.selection_file import read_selection, synthesized_entries
-from trace_ray.config import SynthesisConfig, TraceConfig
+from trace_ray.config import GRPOConfig, SynthesisConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.routing.adapters import routable_adapters
 from trace_ray.run_manifest import RunManifest, config_values, digest, tree_hash
@@ -56,7 +57,7 @@ def by_coverage(run_dir: Path) -> list[str]:
     return [entry["name"] for entry in sorted(read_selection(run_dir), key=lambda e: -e.get("mean_cov", 0.0))]
 
 
-def matched_budget(config: TraceConfig, run_dir: Path) -> dict[str, int]:
+def matched_grpo(config: TraceConfig, run_dir: Path) -> GRPOConfig:
     """GRPO settings on the target that spend at most the rollouts TRACE's capability adapters did.
 
     The cap (``grpo.max_rollouts``) holds dynamic sampling's extra batches to the
@@ -65,30 +66,17 @@ def matched_budget(config: TraceConfig, run_dir: Path) -> dict[str, int]:
     batch = config.grpo.group_size * config.grpo.groups_per_batch
     # the adapters TRACE routes: a skipped capability's training log left by an earlier attempt is not this run's budget
     spent = max(batch, sum(rollouts_spent(adapter.folder) for adapter in routable_adapters(run_dir)))
-    return {"grpo__iterations": math.ceil(spent / batch), "grpo__max_rollouts": spent}
-
-
-def _replace(config: TraceConfig, **sections) -> TraceConfig:
-    """``config`` with fields replaced; ``section__key=value`` replaces a key of a nested section."""
-    nested: dict[str, dict] = {}
-    top = {}
-    for key, value in sections.items():
-        if "__" in key:
-            section, field = key.split("__", 1)
-            nested.setdefault(section, {})[field] = value
-        else:
-            top[key] = value
-    for section, fields in nested.items():
-        top[section] = dataclasses.replace(getattr(config, section), **fields)
-    return dataclasses.replace(config, **top)
+    return dataclasses.replace(config.grpo, iterations=math.ceil(spent / batch), max_rollouts=spent)
 
 
 @dataclass(frozen=True)
 class Stage:
+    """One step of the pipeline: ``function(config, **arguments(config, run_dir))`` does its work."""
+
     name: str
-    run: Callable[[TraceConfig], None]  # the command that does the work, on the stage's config
+    function: Callable[..., None]
+    arguments: Callable[[TraceConfig, Path], dict[str, Any]]  # its inputs beside the config (from earlier stages)
     keys: tuple[str, ...]  # config keys its result depends on (besides everything upstream)
-    configure: Callable[[TraceConfig, Path], TraceConfig]
     outputs: Callable[[TraceConfig, Path], list[str]]  # what it writes, relative to the run directory
     ignored: tuple[str, ...] = ()  # keys inside ``keys`` its result does not depend on
 
@@ -101,14 +89,24 @@ class Stage:
         return values
 
 
+def recorded(arguments: dict[str, Any]) -> dict[str, Any]:
+    """``arguments`` as the manifest records them (a settings dataclass as its fields)."""
+    return {
+        name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        for name, value in arguments.items()
+    }
+
+
 # accept_out_of_band decides what train trains, not what synthesis builds: a key of the train stage only
 # all: they decide which are trainable
 SYNTHESIS_KEYS = tuple(f"synthesis.{f.name}" for f in dataclasses.fields(SynthesisConfig))
+HELD_OUT = "eval"  # the split route and evaluate score on; collect plays the other one
 
 STAGES = [
     Stage(
         "collect",
-        collect.run,
+        collect.collect,
+        lambda c, d: {"split": "analysis", "limit": c.pipeline.collect_limit},
         (
             "model.name",
             "model.sampling",
@@ -120,31 +118,29 @@ STAGES = [
             "rollout.max_episode_tokens",
             "pipeline.collect_limit",
         ),
-        lambda c, d: _replace(c, split="analysis", limit=c.pipeline.collect_limit),
         lambda c, d: ["trajectories"],
         ignored=("env.eval_size",),  # collection plays the analysis split: a larger eval split leaves it up to date
     ),
     Stage(
         "identify",
         identify.run,
+        lambda c, d: {},
         ("labeler", "selection"),
-        lambda c, d: c,
         lambda c, d: ["capabilities/all_capabilities.json"],
     ),
     Stage(
         "synthesize",
-        synthesize.run,
-        (*SYNTHESIS_KEYS, "calibration", "pipeline.max_capabilities"),
+        synthesize.synthesize,
         # the most covered first, until pipeline.max_capabilities are trainable (an environment too hard or too easy
         # for any GRPO signal makes way for the next)
-        lambda c, d: _replace(
-            c, synthesis__capabilities=by_coverage(d), synthesis__stop_after=c.pipeline.max_capabilities
-        ),
+        lambda c, d: {"capabilities": by_coverage(d), "stop_after": c.pipeline.max_capabilities},
+        (*SYNTHESIS_KEYS, "calibration", "pipeline.max_capabilities"),
         lambda c, d: ["environments", "capabilities/selected.json"],
     ),
     Stage(
         "train",
-        train.run,
+        train.train_capabilities,
+        lambda c, d: {},
         (
             "grpo",
             "lora",
@@ -152,30 +148,27 @@ STAGES = [
             "synthesis.train_without_signal",
             "synthesis.min_informative_fraction",
         ),
-        lambda c, d: _replace(c, train_on="capabilities", capability=None, adapter=None),
         lambda c, d: [f"adapters/{name}" for name in synthesized_capabilities(d)],
     ),
     Stage(
         "baseline",
-        train.run,
+        train.train_on_target,
+        lambda c, d: {"name": c.evaluate.grpo_baseline, "grpo": matched_grpo(c, d)},
         ("grpo", "lora", "evaluate.grpo_baseline"),
-        lambda c, d: _replace(
-            c, train_on="env", capability=None, adapter=c.evaluate.grpo_baseline, **matched_budget(c, d)
-        ),
         lambda c, d: [f"adapters/{c.evaluate.grpo_baseline}"],
     ),
     Stage(
         "route",
-        route.run,
+        route.route,
+        lambda c, d: {"split": HELD_OUT, "limit": c.pipeline.eval_limit},
         ("router", "env.eval_size", "pipeline.eval_limit"),
-        lambda c, d: _replace(c, split="eval", limit=c.pipeline.eval_limit),
         lambda c, d: ["router"],
     ),
     Stage(
         "evaluate",
-        evaluate.run,
+        evaluate.evaluate,
+        lambda c, d: {"split": HELD_OUT, "limit": c.pipeline.eval_limit},
         ("evaluate", "env.eval_size", "pipeline.eval_limit"),
-        lambda c, d: _replace(c, split="eval", limit=c.pipeline.eval_limit),
         lambda c, d: ["eval"],
     ),
 ]
@@ -244,10 +237,10 @@ def run_pipeline(config: TraceConfig, reuse_from: list[Path] = ()) -> None:
             continue
         resumed = manifest.entry(stage.name).get("status") == "running"
         console.rule(f"{stage.name}{' (resuming an interrupted run)' if resumed else ''}")
-        stage_config = stage.configure(config, run_dir)
-        manifest.start(stage.name, stage_fingerprint, stage.values(stage_config))
+        arguments = stage.arguments(config, run_dir)
+        manifest.start(stage.name, stage_fingerprint, stage.values(config), recorded(arguments))
         try:
-            stage.run(stage_config)
+            stage.function(config, **arguments)
         except TraceRayError as exc:
             manifest.fail(stage.name, str(exc))
             raise TraceRayError(f"pipeline stage {stage.name} failed: {exc}") from None
@@ -275,7 +268,9 @@ def run_sweep(configs: list[TraceConfig]) -> None:
         run_dir = root / name
         console.rule(f"[bold]sweep job {name}[/bold]")
         storage = config.pipeline.storage_path and f"{config.pipeline.storage_path.rstrip('/')}/{name}"
-        job = _replace(config, run_dir=str(run_dir), pipeline__storage_path=storage)
+        job = dataclasses.replace(
+            config, run_dir=str(run_dir), pipeline=dataclasses.replace(config.pipeline, storage_path=storage)
+        )
         run_pipeline(job, reuse_from=finished)
         finished.append(run_dir)
         rows.append((name, *sweep_figures(run_dir)))

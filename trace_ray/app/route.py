@@ -47,7 +47,6 @@ from trace_ray.artifacts import atomic_path, write_json
 from trace_ray.config import EnvConfig, TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.environment_setup import environment_maker, synthetic_env_config
-from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.evaluation.played_episodes import EPISODES, load_played, option_contexts, save_played
 from trace_ray.evaluation.report import ROUTING_HEADER, ROUTING_NOTE, routing_cells
 from trace_ray.routing.adapters import TrainedAdapter, read_peft_folder, trained_adapters
@@ -61,6 +60,7 @@ from trace_ray.routing.selection import (
     FALLBACK,
     RoutingRow,
     TaskFeatures,
+    best_choice,
     best_on_average,
     candidate_rules,
     choose,
@@ -308,15 +308,21 @@ def auto_choices(
 
 
 def run(config: TraceConfig) -> None:
+    route(config, config.split, config.limit)
+
+
+def route(config: TraceConfig, split: str, limit: int | None) -> None:
+    """Fit every router on ``router.train_split`` and score it on the first ``limit`` tasks of ``split`` (all: None);
+    run_dir/router/ holds the decisions, the selection and the report."""
     run_dir = Path(config.run_dir)
-    if config.router.train_split == config.split:
+    if config.router.train_split == split:
         raise TraceRayError(
-            f"router.train_split and split are both {config.split}; held-out accuracy needs two splits "
+            f"router.train_split and split are both {split}; held-out accuracy needs two splits "
             "(e.g. analysis and eval)"
         )
     adapters = trained_adapters(run_dir)
     target = environment_maker(config.env)()
-    eval_seeds = split_seeds(target, config.split, config.limit)
+    eval_seeds = split_seeds(target, split, limit)
     train_seeds = split_seeds(target, config.router.train_split, config.router.train_limit)
     rewards = oracle_rewards(config, adapters, train_seeds + eval_seeds)
     names = [a.name for a in adapters] + [BASE]
@@ -370,7 +376,7 @@ def run(config: TraceConfig) -> None:
             folder / router_file(router),
             {
                 "router": router,
-                "split": config.split,
+                "split": split,
                 "options": names,
                 **routers[router],
                 "tasks": [
@@ -393,7 +399,7 @@ def run(config: TraceConfig) -> None:
         "oracle": eval_labels,
     }
     summary = {
-        "split": config.split,
+        "split": split,
         "tasks": count,
         "train_split": config.router.train_split,
         "train_tasks": len(train_seeds),
@@ -422,7 +428,7 @@ def run(config: TraceConfig) -> None:
         selection_rows(selection),
     )
     print_table(
-        f"routers on {count} held-out {config.env.name}/{config.split} tasks (trained on {len(train_seeds)} "
+        f"routers on {count} held-out {config.env.name}/{split} tasks (trained on {len(train_seeds)} "
         f"{config.router.train_split} tasks)",
         ROUTING_HEADER,
         routing_rows(summary),

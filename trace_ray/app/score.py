@@ -7,14 +7,14 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from trace_ray.agent_prompt import AgentPrompt
+from actors.rollout_service import start_rollout_service
 from trace_ray.artifacts import write_json
 from trace_ray.config import TraceConfig
 from trace_ray.console import console, print_table
 from trace_ray.engines import SamplingParams, make_engine
 from trace_ray.environment_setup import environment_maker
 from trace_ray.metrics import summarize
-from trace_ray.rollout_loop import LocalBackend, benchmark_tasks, run_rollouts
+from trace_ray.rollout_loop import benchmark_tasks
 
 HELP = "score a model greedily on a benchmark split; prints Perfect and Mean similarity per family"
 
@@ -22,21 +22,16 @@ HELP = "score a model greedily on a benchmark split; prints Perfect and Mean sim
 def run(config: TraceConfig) -> None:
     make_env = environment_maker(config.env)
     tasks = benchmark_tasks(make_env(), config.split, limit=config.limit)
-    engine = make_engine(config.model, config.engine)
-    prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
+    rollouts = start_rollout_service(config, engine=make_engine(config.model, config.engine), make_env=make_env)
     greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=config.model.sampling.max_new_tokens)
-    with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task(f"scoring {config.model.name} on {config.env.name}/{config.split}", total=len(tasks))
-        results = run_rollouts(
-            tasks,
-            LocalBackend(make_env, engine),
-            prompt,
-            greedy,
-            config.batch_size,
-            config.model.max_context_tokens,
-            on_done=lambda _: progress.advance(bar),
-            max_episode_tokens=config.rollout.max_episode_tokens,
-        )
+    try:
+        with Progress(console=console, transient=True) as progress:
+            bar = progress.add_task(
+                f"scoring {config.model.name} on {config.env.name}/{config.split}", total=len(tasks)
+            )
+            results = rollouts.episodes(tasks, greedy, lambda _: progress.advance(bar))
+    finally:
+        rollouts.close()
     rows = summarize([(result.family, result.reward, result.success) for result in results])
     print_table(
         f"{config.model.name} on env={config.env.name} split={config.split} (greedy)",

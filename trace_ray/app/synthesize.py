@@ -244,17 +244,28 @@ def check_sources(config: TraceConfig, entries: list[dict]) -> None:
 
 
 def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Groups] | None = None) -> None:
+    synthesize(config, config.synthesis.capabilities, config.synthesis.stop_after, rollouts)
+
+
+def synthesize(
+    config: TraceConfig,
+    capabilities: list[str] | None,
+    stop_after: int | None,
+    rollouts: Callable[[EnvConfig, list[int], str], Groups] | None = None,
+) -> None:
+    """An environment for each of ``capabilities`` (None: every selected one), in that order, until ``stop_after``
+    are trainable (None: no limit); ``rollouts`` plays calibration groups (None: the base model on Ray)."""
     run_dir = Path(config.run_dir)
     if config.env.name == "synthetic":
         raise TraceRayError(
             "env= names the target environment the capabilities come from (e.g. env=device), not a synthetic one"
         )
-    entries = capabilities_to_synthesize(run_dir, config.synthesis.capabilities)
+    entries = capabilities_to_synthesize(run_dir, capabilities)
     check_sources(config, entries)
     target = describe_target(config)
     calibration = None if rollouts else RayCalibration(config)
     try:
-        rows = synthesize_all(config, entries, target, rollouts or calibration.groups)
+        rows = synthesize_all(config, entries, target, rollouts or calibration.groups, stop_after)
     finally:
         if calibration is not None:
             calibration.close()
@@ -277,19 +288,21 @@ def run(config: TraceConfig, rollouts: Callable[[EnvConfig, list[int], str], Gro
 
 
 def synthesize_all(
-    config: TraceConfig, entries: list[dict], target: Target, rollouts: Callable[[EnvConfig, list[int], str], Groups]
+    config: TraceConfig,
+    entries: list[dict],
+    target: Target,
+    rollouts: Callable[[EnvConfig, list[int], str], Groups],
+    stop_after: int | None,
 ) -> list[tuple]:
-    """Each capability's environment, until ``synthesis.stop_after`` are trainable; one summary row each."""
+    """Each capability's environment, until ``stop_after`` are trainable; one summary row each."""
     run_dir = Path(config.run_dir)
     rows = []
-    stop_after, ready = config.synthesis.stop_after, 0
+    ready = 0
     for position, entry in enumerate(entries):
         name = entry["name"]
         if stop_after is not None and ready >= stop_after:
             rest = ", ".join(e["name"] for e in entries[position:])
-            console.print(
-                f"{stop_after} capabilities trainable (synthesis.stop_after): {rest} left PENDING", soft_wrap=True
-            )
+            console.print(f"{stop_after} capabilities trainable: {rest} left PENDING", soft_wrap=True)
             break
         console.print(f"[bold]{name}[/bold]: synthesis={config.synthesis.name}")
         try:

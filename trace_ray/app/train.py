@@ -79,18 +79,18 @@ TRAINING_KEYS = (
 )
 
 
-def trainable_entries(config: TraceConfig, run_dir: Path) -> list[dict]:
-    """The READY capabilities (``capability=NAME``: that one), and the OUT_OF_BAND ones under
+def trainable_entries(config: TraceConfig, run_dir: Path, capability: str | None) -> list[dict]:
+    """The READY capabilities (``capability``: that one), and the OUT_OF_BAND ones under
     ``synthesis.accept_out_of_band=true``; one console line per OUT_OF_BAND capability, trained or skipped."""
     path = selection_path(run_dir)
     entries = read_selection(run_dir, "run trace-ray identify and trace-ray synthesize run_dir=DIR first")
-    if config.capability:
-        entries = [entry for entry in entries if entry.get("name") == config.capability]
+    if capability:
+        entries = [entry for entry in entries if entry.get("name") == capability]
         if not entries:
-            raise TraceRayError(f"capability={config.capability!r} is not in {path}; choose one of its names")
+            raise TraceRayError(f"capability={capability!r} is not in {path}; choose one of its names")
         if entries[0].get("status") not in (READY, OUT_OF_BAND):
             raise TraceRayError(
-                f"capability {config.capability!r} is {entries[0].get('status')}, not READY; run trace-ray synthesize "
+                f"capability {capability!r} is {entries[0].get('status')}, not READY; run trace-ray synthesize "
                 f"run_dir={run_dir}"
             )
     accept = config.synthesis.accept_out_of_band
@@ -129,27 +129,37 @@ def trainable_entries(config: TraceConfig, run_dir: Path) -> list[dict]:
     return chosen
 
 
-def capability_jobs(config: TraceConfig, run_dir: Path) -> list[TrainJob]:
-    entries = trainable_entries(config, run_dir)
-    if config.adapter and len(entries) > 1:
+def capability_jobs(config: TraceConfig, capability: str | None = None, adapter: str | None = None) -> list[TrainJob]:
+    """A job per trainable capability of run_dir's selection (``capability``: that one, under the name ``adapter``
+    if given), each in its synthetic environment."""
+    run_dir = Path(config.run_dir).resolve()
+    entries = trainable_entries(config, run_dir, capability)
+    if adapter and len(entries) > 1:
         raise TraceRayError("adapter= names one adapter; add capability=NAME to train one capability under it")
     jobs = []
     for entry in entries:
-        name = entry["name"]
-        output = run_dir / "adapters" / (config.adapter or name)
-        jobs.append(TrainJob(config.adapter or name, synthetic_env_config(config, name), str(output)))
+        name = adapter or entry["name"]
+        jobs.append(
+            TrainJob(name, synthetic_env_config(config, entry["name"]), str(run_dir / "adapters" / name), config.grpo)
+        )
     return jobs
 
 
+def environment_job(config: TraceConfig, name: str, grpo: GRPOConfig) -> TrainJob:
+    """A job training ``config.env`` itself (a target, or one synthetic environment) into the adapter ``name``."""
+    env = config.env
+    if env.name == "synthetic":
+        env = dataclasses.replace(env, spec=str(Path(env.spec).resolve()))
+    return TrainJob(name, env, str(Path(config.run_dir).resolve() / "adapters" / name), grpo)
+
+
 def train_jobs(config: TraceConfig) -> list[TrainJob]:
-    run_dir = Path(config.run_dir).resolve()
+    """``trace-ray train``'s jobs: ``env=synthetic/<capability>`` or ``train_on=env``, one job in ``config.env``;
+    else one per trainable capability of the run directory (``capability=``, ``adapter=``)."""
     if config.env.name == "synthetic" or config.train_on == "env":
-        env = config.env
-        if env.name == "synthetic":
-            env = dataclasses.replace(env, spec=str(Path(env.spec).resolve()))
-        name = config.adapter or (env.capability if env.name == "synthetic" else env.name)
-        return [TrainJob(name, env, str(run_dir / "adapters" / name))]
-    return capability_jobs(config, run_dir)
+        name = config.adapter or (config.env.capability if config.env.name == "synthetic" else config.env.name)
+        return [environment_job(config, name, config.grpo)]
+    return capability_jobs(config, config.capability, config.adapter)
 
 
 def job_resources(config: TraceConfig) -> dict[str, float]:
@@ -208,7 +218,10 @@ def run_name(config: TraceConfig, job: TrainJob) -> str:
     if job.env.spec:
         spec = Path(job.env.spec)
         env["spec"] = tree_hash(spec.parent, [spec.name])
-    return f"grpo-{job.name}-{digest([config_values(config, list(TRAINING_KEYS)), job.name, env])}"
+    keys = [key for key in TRAINING_KEYS if not key.startswith("grpo.")]
+    grpo_keys = [key for key in TRAINING_KEYS if key.startswith("grpo.")]
+    values = {**config_values(config, keys), **config_values(job, grpo_keys)}  # the job's own GRPO settings
+    return f"grpo-{job.name}-{digest([values, job.name, env])}"
 
 
 def gpu_share(trainer) -> dict[str, float]:
@@ -269,7 +282,7 @@ def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    bar = progress.add_task(f"GRPO {job.name}", total=config.grpo.max_iterations or config.grpo.iterations)
+    bar = progress.add_task(f"GRPO {job.name}", total=job.grpo.max_iterations or job.grpo.iterations)
     while not done.wait(POLL_S):
         if metrics_path.is_file():
             rows = pq.read_table(metrics_path, columns=["iteration", "reward_mean"]).to_pylist()
@@ -326,6 +339,16 @@ def distinct_outputs(plan: list[tuple[TraceConfig, list[TrainJob]]]) -> list[tup
 
 def run(config: TraceConfig) -> None:
     train_all(config, train_jobs(config))
+
+
+def train_capabilities(config: TraceConfig) -> None:
+    """An adapter for every trainable capability of run_dir's selection."""
+    train_all(config, capability_jobs(config))
+
+
+def train_on_target(config: TraceConfig, name: str, grpo: GRPOConfig) -> None:
+    """The adapter ``name`` trained with ``grpo`` on the target environment itself (the GRPO-on-target baseline)."""
+    train_all(config, [environment_job(config, name, grpo)])
 
 
 def run_sweep(configs: list[TraceConfig]) -> None:

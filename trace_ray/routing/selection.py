@@ -59,6 +59,13 @@ MIN_KEYWORD_CHARS = 4  # tool-name words shorter than this (get, set, ...) say n
 
 
 # -- tie-aware metrics ----------------------------------------------------------------------------
+def best_choice(rewards: dict[str, float], order: list[str]) -> str:
+    """The oracle label: the option with the highest reward; ties go to the base, else to the first in ``order``."""
+    best = max(rewards.values())
+    tied = [name for name in order if rewards[name] == best]
+    return BASE if BASE in tied else tied[0]
+
+
 def correct(rewards: dict[str, float], choice: str) -> bool:
     """Whether ``choice`` earns the best reward of the task's options (ties count as correct)."""
     return rewards[choice] >= max(rewards.values()) - REWARD_TOLERANCE

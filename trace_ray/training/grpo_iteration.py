@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from environments.errors import TraceRayError
-from trace_ray.config import EnvConfig, GRPOConfig, TraceConfig
+from trace_ray.config import EnvConfig, GRPOConfig
 from trace_ray.rollout_loop import EpisodeResult
 from trace_ray.training.action_logprobs import ScoredRow, forward_cost, pack_micro_batches
 from trace_ray.training.curriculum import at_level
@@ -38,6 +38,7 @@ class TrainJob:
     name: str  # the adapter trained
     env: EnvConfig  # the environment it trains in
     output: str  # the exported PEFT folder (run_dir/adapters/<name>)
+    grpo: GRPOConfig  # its GRPO settings: the config's, or the baseline's matched budget
 
 
 @dataclass
@@ -159,7 +160,7 @@ def per_row(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
 
 
 def update(
-    scorer, policy, optimizer, rows: list[TrainingRow], config: TraceConfig, generator: torch.Generator
+    scorer, policy, optimizer, rows: list[TrainingRow], grpo: GRPOConfig, generator: torch.Generator
 ) -> dict[str, float]:
     """``grpo.ppo_epochs`` passes over ``rows``, one optimizer step per minibatch.
 
@@ -180,7 +181,6 @@ def update(
     the weights the rollouts used: over every row with ``trainer``, over the
     first minibatch (before its step) with ``engine``.
     """
-    grpo = config.grpo
     parameters = lora_parameters(policy)
     totals: dict[str, float] = {
         "clip_fraction": 0.0,

@@ -115,7 +115,7 @@ def test_killed_actors_lose_no_episode_and_duplicate_none(ray_session):
 
 def test_collection_manifest_names_what_the_trajectories_are():
     config = compose_config("collect", TINY + ["temperature=0.3"])
-    manifest = collection_manifest(config)
+    manifest = collection_manifest(config, "analysis")
     assert (manifest["env"], manifest["split"], manifest["model"], manifest["temperature"]) == (
         "device",
         "analysis",

@@ -52,7 +52,7 @@ def seed_collection(run_dir, overrides=(), env=None):
     both."""
     from environments.device.environment import DeviceEnvironment
 
-    config = dataclasses.replace(compose_config("pipeline", [*MINIMAL, *overrides]), split="analysis")
+    config = compose_config("pipeline", [*MINIMAL, *overrides])
     env = env or DeviceEnvironment()
     rows = [
         episode_row(config.env.name, seed, sample, *played_episode(env, seed, follow_oracle))
@@ -60,7 +60,7 @@ def seed_collection(run_dir, overrides=(), env=None):
         for sample, follow_oracle in ((0, True), (1, False))
     ]
     assert {row["success"] for row in rows} == {True, False}
-    TrajectoryStore(run_dir, collect.collection_manifest(config)).write_shard(rows)
+    TrajectoryStore(run_dir, collect.collection_manifest(config, "analysis")).write_shard(rows)
 
 
 def stages_of(run_dir):
@@ -108,7 +108,10 @@ def test_every_stage_runs_once_and_a_rerun_skips_them_all(finished_run, capsys):
     } <= set(methods)
     # the same training budget
     assert methods["GRPO on target"]["rollouts"] == methods["TRACE (logit)"]["rollouts"] == 2
-    assert stages["baseline"]["config"]["grpo"]["max_rollouts"] == 2  # capped at it, resampling included
+    # capped at it, resampling included; the run's config stays as composed
+    assert stages["baseline"]["arguments"]["grpo"]["max_rollouts"] == 2
+    assert stages["baseline"]["config"]["grpo"]["max_rollouts"] is None
+    assert stages["collect"]["arguments"] == {"split": "analysis", "limit": 8}
     assert report["tasks"] == 2
     capsys.readouterr()
     before = (run_dir / MANIFEST).read_text()
@@ -254,7 +257,7 @@ def test_grpo_on_the_target_is_matched_to_the_rollouts_of_the_adapters_trace_rou
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trace_ray.app.pipeline import matched_budget
+    from trace_ray.app.pipeline import matched_grpo
 
     entries = [
         {"name": name, "status": "OUT_OF_BAND", "environment": f"synthetic/{name}"}
@@ -272,7 +275,11 @@ def test_grpo_on_the_target_is_matched_to_the_rollouts_of_the_adapters_trace_rou
         if exported:
             (folder / "adapter_model.safetensors").write_bytes(b"weights")
     config = compose_config("pipeline", MINIMAL)  # a batch of 2 x 1 rollouts
-    assert matched_budget(config, tmp_path) == {"grpo__iterations": 24, "grpo__max_rollouts": 48}
+    matched = matched_grpo(config, tmp_path)
+    assert (matched.iterations, matched.max_rollouts) == (24, 48)
+    assert dataclasses.replace(matched, iterations=None, max_rollouts=None) == dataclasses.replace(
+        config.grpo, iterations=None, max_rollouts=None
+    )  # the rest of GRPO as configured
 
 
 def test_a_larger_eval_split_leaves_collection_up_to_date_and_makes_route_and_evaluate_stale(tmp_path):

@@ -11,11 +11,11 @@ from trace_ray.app.cli import main
 from trace_ray.app.route import confusion
 from trace_ray.config_compose import compose_config
 from trace_ray.environment_setup import environment_maker
-from trace_ray.evaluation.option_rollouts import best_choice
 from trace_ray.models import load_model
 from trace_ray.routing.adapters import trained_adapters
 from trace_ray.routing.logit_router import with_request
 from trace_ray.routing.routers import build_router, logit_router
+from trace_ray.routing.selection import best_choice
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
 

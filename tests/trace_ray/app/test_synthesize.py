@@ -187,7 +187,7 @@ def test_synthesis_stops_once_enough_capabilities_are_trainable_and_one_without_
     synthesize.run(config_for(tmp_path, *overrides), rollouts=rollouts)
     statuses = {e["name"]: e["status"] for e in json.loads((tmp_path / "capabilities" / "selected.json").read_text())}
     assert statuses == {"unlearnable": "OUT_OF_BAND", "switching": "READY", "switching_b": "PENDING"}
-    assert "1 capabilities trainable (synthesis.stop_after): switching_b left PENDING" in capsys.readouterr().out
+    assert "1 capabilities trainable: switching_b left PENDING" in capsys.readouterr().out
     [job] = train.train_jobs(
         compose_config("train", [f"run_dir={tmp_path}", "model=tiny_random", "synthesis.accept_out_of_band=true"])
     )

@@ -54,7 +54,7 @@ def teacher_forced_rows(policy, advantages, length=12, seed=0, group=-1):
 def run_update(config, policy, rows, optimizer_class=torch.optim.AdamW):
     optimizer = optimizer_class([p for p in policy.parameters() if p.requires_grad], lr=config.grpo.lr)
     scorer = ActionLogprobs(policy, config.grpo.temperature, config.trainer.gradient_checkpointing)
-    return update(scorer, policy, optimizer, rows, config, torch.Generator().manual_seed(0))
+    return update(scorer, policy, optimizer, rows, config.grpo, torch.Generator().manual_seed(0))
 
 
 def test_update_changes_every_lora_parameter_and_nothing_else():
@@ -515,7 +515,7 @@ def test_a_worker_failure_of_any_kind_is_one_line():
         "Error(s) in loading state_dict for PeftModelForCausalLM:\n\tsize mismatch for lora_A: [4, 64] vs [8, 64]"
     )
     error = train.training_error(
-        WorkerGroupError("[Rank 0 Error Snippet]: ...", {0: shapes}), TrainJob("skill", None, "out")
+        WorkerGroupError("[Rank 0 Error Snippet]: ...", {0: shapes}), TrainJob("skill", None, "out", None)
     )
     assert isinstance(error, TraceRayError) and "\n" not in str(error)
     assert str(error).startswith(
@@ -634,7 +634,7 @@ def test_no_trainable_capability_names_the_cause_and_both_fixes(tmp_path, capsys
 def test_training_error_unwraps_a_worker_error():
     wrapped = RuntimeError("worker group failed")
     wrapped.__cause__ = TraceRayError("rollout worker 0 failed to load adapter")
-    job = TrainJob("skill", None, "out")
+    job = TrainJob("skill", None, "out", None)
     error = train.training_error(wrapped, job)
     assert (
         isinstance(error, TraceRayError)

@@ -25,16 +25,16 @@ row finishes.
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation
 from trace_ray.engines.cpu_attention import use_grouped_attention
+from trace_ray.engines.cpu_linear import use_packed_linears
 from trace_ray.engines.engine_loop import LoopedEngine, Request
+from trace_ray.engines.kv_cache import ROOM, RoomyLayer, roomy_cache
 from trace_ray.engines.sampling import sample_next
 
 __all__ = ["AdapterNotLoadedError", "HFEngine", "end_of_turn_ids"]
@@ -43,6 +43,21 @@ MIN_CACHED_PREFIX = 32  # shorter shared prefixes are cheaper to recompute than 
 PREFIX_CACHE_ENTRIES = 4
 CONTINUATION_CACHE_TOKENS = 32768  # tokens of finished generations kept for the episodes' next turns
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
+SPECULATIVE_ROWS = 4  # greedy batches of at most this many rows verify drafted tokens (the step is weight-bound there)
+DRAFT_TOKENS = 8  # tokens drafted per row and step
+DRAFT_NGRAMS = (3, 2)  # a draft continues the latest earlier occurrence of the row's last 3 (else 2) tokens
+
+
+def draft_tokens(sequence: list[int], count: int) -> list[int]:
+    """Up to ``count`` tokens that followed the latest earlier occurrence of ``sequence``'s last few tokens in it."""
+    for size in DRAFT_NGRAMS:
+        if len(sequence) <= size:
+            continue
+        tail = sequence[-size:]
+        for start in range(len(sequence) - size - 1, -1, -1):
+            if sequence[start : start + size] == tail:
+                return sequence[start + size : start + size + count]
+    return []
 
 
 def common_prefix_length(prompts: list[list[int]]) -> int:
@@ -56,15 +71,16 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return length
 
 
-def stack_right_aligned(first: torch.Tensor, second: torch.Tensor, dim: int) -> torch.Tensor:
-    """``first`` and ``second`` stacked along dim 0, each right-aligned along ``dim`` and zero-padded on the left.
+def stack_right_aligned(first: torch.Tensor, second: torch.Tensor, dim: int, room: int = 0) -> torch.Tensor:
+    """``first`` and ``second`` stacked along dim 0, each right-aligned along ``dim`` and zero-padded on the left,
+    followed by ``room`` unset columns.
 
     One allocation and one copy of each input (the running batch's KV cache
     is large: this runs whenever a request joins).
     """
     width = max(first.shape[dim], second.shape[dim])
     shape = list(first.shape)
-    shape[0], shape[dim] = first.shape[0] + second.shape[0], width
+    shape[0], shape[dim] = first.shape[0] + second.shape[0], width + room
     stacked = first.new_empty(shape)
     for rows, part in ((slice(0, first.shape[0]), first), (slice(first.shape[0], None), second)):
         target = stacked[rows]
@@ -100,6 +116,7 @@ class HFEngine(LoopedEngine):
         self.base_model = model
         if self.device.type == "cpu":
             use_grouped_attention(model)
+            use_packed_linears(model)
         self.peft_model = None  # wraps base_model once an adapter is loaded
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
@@ -110,6 +127,7 @@ class HFEngine(LoopedEngine):
         self._loads = 0
         self._prefix_caches: OrderedDict[tuple, object] = OrderedDict()
         self._recent_prompt: dict[AdapterRef | None, list[int]] = {}
+        self._recent_kv: dict[AdapterRef | None, tuple[tuple[int, ...], list]] = {}  # the last prompt prefilled whole
         self.continuation_cache_tokens = continuation_cache_tokens
         self._continuations: OrderedDict[tuple, list] = OrderedDict()  # (adapter, tokens) -> per-layer (keys, values)
         self._continuation_tokens = 0
@@ -169,6 +187,8 @@ class HFEngine(LoopedEngine):
     def _drop_prefix_caches(self, name: str) -> None:
         for key in [key for key in self._prefix_caches if key[0] and key[0][0] == name]:
             del self._prefix_caches[key]
+        for key in [key for key in self._recent_kv if key and key[0] == name]:
+            del self._recent_kv[key]
         for key in [key for key in self._continuations if key[0] and key[0][0] == name]:
             self._continuation_tokens -= len(key[1])
             del self._continuations[key]
@@ -234,12 +254,19 @@ class HFEngine(LoopedEngine):
         return ended
 
     def _prefill(
-        self, adapter: AdapterRef | None, requests: list[Request], prefix_length: int, cache
+        self, adapter: AdapterRef | None, requests: list[Request], prefix_length: int, prefix: list | None
     ) -> list[tuple[Request, Generation]]:
-        """Prefill the prompts past their cached ``prefix_length`` tokens, sample their first token, join the batch."""
+        """Prefill the prompts past their cached ``prefix_length`` tokens (``prefix``: that prefix's per-layer
+        ``(keys, values)`` for one row), sample their first token, join the batch."""
         peft_name = self._peft_name(adapter)
         prompts = [request.prompt for request in requests]
         width = max(len(prompt) for prompt in prompts) - prefix_length
+        count = len(prompts)
+        layers = [  # every row's copy of the prefix, with room for the suffix and the first decode steps
+            RoomyLayer.copy_of(keys.expand(count, -1, -1, -1), values.expand(count, -1, -1, -1), width + ROOM)
+            for keys, values in prefix or []
+        ]
+        cache = roomy_cache(layers)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), prefix_length + width), dtype=torch.long)
         mask[:, :prefix_length] = 1
@@ -256,12 +283,14 @@ class HFEngine(LoopedEngine):
             past_key_values=cache,
             logits_to_keep=1,
         )
+        if len(prompts) == 1 and prefix_length == 0:  # its KV may hold the prefix the next prompts share
+            self._recent_kv[adapter] = (tuple(prompts[0]), [(layer.keys, layer.values) for layer in cache.layers])
         rows = [_Row(request, peft_name, [], []) for request in requests]
         return self._join(rows, output.past_key_values, mask.to(self.device), output.logits[:, -1])
 
-    def _continuation(self, adapter: AdapterRef | None, prompt: list[int]) -> tuple[int, object] | None:
-        """(length, KV cache) of a finished generation this prompt continues (an episode's next turn), taken from the
-        store."""
+    def _continuation(self, adapter: AdapterRef | None, prompt: list[int]) -> tuple[int, list] | None:
+        """(length, per-layer ``(keys, values)``) of a finished generation this prompt continues (an episode's next
+        turn), taken from the store."""
         best = None
         for key in self._continuations:
             cached_adapter, tokens = key
@@ -272,7 +301,7 @@ class HFEngine(LoopedEngine):
             return None
         layers = self._continuations.pop(best)
         self._continuation_tokens -= len(best[1])
-        return len(best[1]), DynamicCache(ddp_cache_data=layers)
+        return len(best[1]), layers
 
     def _keep_continuation(self, row: _Row, cache, index: int, row_mask: torch.Tensor) -> None:
         """Store the KV of a finished row's real tokens (prompt + reply but its last token), evicting the oldest."""
@@ -287,8 +316,9 @@ class HFEngine(LoopedEngine):
             (_, evicted), _ = self._continuations.popitem(last=False)
             self._continuation_tokens -= len(evicted)
 
-    def _cached_prefix(self, adapter, peft_name, prompts: list[list[int]]) -> tuple[int, object | None]:
-        """(length, KV cache for every prompt) of a stored prefix they all share, storing a new one if worth it.
+    def _cached_prefix(self, adapter, peft_name, prompts: list[list[int]]) -> tuple[int, list | None]:
+        """(length, per-layer ``(keys, values)`` of one row) of a stored prefix the prompts all share, storing a new one
+        if worth it.
 
         A single prompt is compared with the adapter's previous prompt, so
         that requests arriving one by one still share their prefix. At
@@ -312,33 +342,67 @@ class HFEngine(LoopedEngine):
         shared = min(usable, common_prefix_length(peers))
         if not best and len(peers) > 1 and shared >= MIN_CACHED_PREFIX:
             best = tuple(prompts[0][:shared])
-            output = self._forward([peft_name], input_ids=torch.tensor([best], device=self.device))
-            self._prefix_caches[(adapter, best)] = output.past_key_values
+            recent_tokens, recent_layers = self._recent_kv.pop(adapter, ((), []))
+            if recent_tokens[:shared] == best:  # the previous prompt, prefilled whole, holds this prefix's KV
+                layers = [(k[:, :, :shared].clone(), v[:, :, :shared].clone()) for k, v in recent_layers]
+            else:
+                output = self._forward([peft_name], input_ids=torch.tensor([best], device=self.device))
+                layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+            self._prefix_caches[(adapter, best)] = layers
             while len(self._prefix_caches) > PREFIX_CACHE_ENTRIES:
                 self._prefix_caches.popitem(last=False)
         if not best:
             return 0, None
         self._prefix_caches.move_to_end((adapter, best))
-        cache = copy.deepcopy(self._prefix_caches[(adapter, best)])
-        cache.batch_repeat_interleave(len(prompts))
-        return len(best), cache
+        return len(best), self._prefix_caches[(adapter, best)]
 
     @torch.no_grad()
     def step(self) -> list[tuple[Request, Generation]]:
-        """One decode step for every running row."""
-        last_tokens = torch.tensor([[row.tokens[-1]] for row in self._rows], device=self.device)
-        positions = self._mask.sum(dim=1, keepdim=True)
-        mask = torch.cat([self._mask, torch.ones_like(positions)], dim=1)
+        """One decode step for every running row: its last token, and in a small greedy batch its draft too (prompt
+        lookup). Every row keeps as many tokens as greedy decoding confirms for all rows, plus one (one without
+        drafts): the tokens one-token steps would give, in fewer passes."""
+        drafts = self._drafts() or [[] for _ in self._rows]
+        width = len(drafts[0]) + 1
+        inputs = torch.tensor([[row.tokens[-1], *draft] for row, draft in zip(self._rows, drafts)], device=self.device)
+        positions = self._mask.sum(dim=1, keepdim=True) + torch.arange(width, device=self.device)
+        mask = torch.cat(
+            [self._mask, torch.ones((len(self._rows), width), dtype=self._mask.dtype, device=self._mask.device)], dim=1
+        )
         output = self._forward(
             [row.peft_name for row in self._rows],
-            input_ids=last_tokens,
+            input_ids=inputs,
             attention_mask=mask,
             position_ids=positions,
             past_key_values=self._cache,
         )
+        logits = output.logits.cpu()
         rows, self._rows = self._rows, []
         self._cache, self._mask = None, None
-        return self._join(rows, output.past_key_values, mask, output.logits[:, -1])
+        picks = [self._sample(rows, logits[:, column]) for column in range(width)]
+        confirmed = min(  # leading draft tokens every row's greedy choice agrees with
+            next((column for column in range(width - 1) if picks[column][0][index] != draft[column]), width - 1)
+            for index, draft in enumerate(drafts)
+        )
+        taken = confirmed + 1
+        cache = output.past_key_values
+        if taken < width:
+            for layer in cache.layers:
+                layer.drop_right(width - taken)  # columns of draft tokens past the kept ones
+            mask = mask[:, : mask.shape[1] - (width - taken)]
+        tokens = [[picks[column][0][index] for column in range(taken)] for index in range(len(rows))]
+        logprobs = [[picks[column][1][index] for column in range(taken)] for index in range(len(rows))]
+        return self._advance(rows, cache, mask, tokens, logprobs)
+
+    def _drafts(self) -> list[list[int]] | None:
+        """Equal-length drafts for every row of a small greedy batch (prompt lookup), or None."""
+        if len(self._rows) > SPECULATIVE_ROWS or any(row.request.params.temperature != 0 for row in self._rows):
+            return None
+        drafts = []
+        for row in self._rows:
+            room = row.request.params.max_new_tokens - len(row.tokens) - 1  # the verified step adds one more
+            drafts.append(draft_tokens(row.request.prompt + row.tokens, min(DRAFT_TOKENS, room)) if room > 0 else [])
+        width = min(len(draft) for draft in drafts)
+        return [draft[:width] for draft in drafts] if width else None
 
     def abort(self) -> list[Request]:
         rows, self._rows, self._cache, self._mask = self._rows, [], None, None
@@ -348,26 +412,40 @@ class HFEngine(LoopedEngine):
     def _join(
         self, rows: list[_Row], cache, mask: torch.Tensor, logits: torch.Tensor
     ) -> list[tuple[Request, Generation]]:
-        """Sample each row's next token; finished rows leave, the others join the running batch.
+        """Sample each row's next token; finished rows leave, the others join the running batch."""
+        tokens, logprobs = self._sample(rows, logits)
+        return self._advance(rows, cache, mask, [[token] for token in tokens], [[logprob] for logprob in logprobs])
 
-        Sampling runs on the CPU, where the requests' seeded generators live.
-        """
-        tokens, logprobs = sample_next(
+    @staticmethod
+    def _sample(rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """One token per row from ``logits`` ([rows, vocab]) with the row's own settings, on the CPU, where the
+        requests' seeded generators live."""
+        return sample_next(
             logits.cpu(),
             [row.request.params.temperature for row in rows],
             [row.request.params.top_p for row in rows],
             [row.request.generator for row in rows],
         )
+
+    def _advance(
+        self, rows: list[_Row], cache, mask: torch.Tensor, tokens: list[list[int]], logprobs: list[list[float]]
+    ) -> list[tuple[Request, Generation]]:
+        """Give each row its new tokens (the cache holds all but the last); finished rows leave, the others join the
+        running batch."""
         finished, keep = [], []
-        for index, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs)):
-            row.tokens.append(token)
-            row.logprobs.append(logprob)
-            wanted = row.request.wants_more(token)
-            if not wanted or token in self.stop_token_ids or len(row.tokens) >= row.request.params.max_new_tokens:
-                reason = "stop" if not wanted or token in self.stop_token_ids else "length"
-                finished.append((row.request, Generation(row.tokens, row.logprobs, reason)))
-                if self.continuation_cache_tokens:
-                    self._keep_continuation(row, cache, index, mask[index])
+        for index, row in enumerate(rows):
+            for count, (token, logprob) in enumerate(zip(tokens[index], logprobs[index]), start=1):
+                row.tokens.append(token)
+                row.logprobs.append(logprob)
+                wanted = row.request.wants_more(token)
+                if not wanted or token in self.stop_token_ids or len(row.tokens) >= row.request.params.max_new_tokens:
+                    reason = "stop" if not wanted or token in self.stop_token_ids else "length"
+                    finished.append((row.request, Generation(row.tokens, row.logprobs, reason)))
+                    if self.continuation_cache_tokens:
+                        row_mask = mask[index].clone()
+                        row_mask[row_mask.shape[0] - (len(tokens[index]) - count) :] = 0  # columns past its end
+                        self._keep_continuation(row, cache, index, row_mask)
+                    break
             else:
                 keep.append(index)
         if keep:
@@ -381,16 +459,22 @@ class HFEngine(LoopedEngine):
     def _merge(self, rows: list[_Row], cache, mask: torch.Tensor) -> None:
         """Add rows (with their cache and mask) to the running batch, right-aligned, trimming shared padding."""
         if self._cache is not None:
-            for ours, theirs in zip(self._cache.layers, cache.layers):
-                ours.keys = stack_right_aligned(ours.keys, theirs.keys, dim=2)
-                ours.values = stack_right_aligned(ours.values, theirs.values, dim=2)
-            cache = self._cache
+            width = max(self._mask.shape[1], mask.shape[1])
+            cache = roomy_cache(
+                [
+                    RoomyLayer.in_buffers(
+                        stack_right_aligned(ours.keys, theirs.keys, dim=2, room=ROOM),
+                        stack_right_aligned(ours.values, theirs.values, dim=2, room=ROOM),
+                        width,
+                    )
+                    for ours, theirs in zip(self._cache.layers, cache.layers)
+                ]
+            )
             mask = stack_right_aligned(self._mask, mask, dim=1)
         padding = int((mask.sum(dim=0) == 0).long().cumprod(dim=0).sum())  # columns empty in every row
         if padding:
             for layer in cache.layers:
-                layer.keys = layer.keys[:, :, padding:]
-                layer.values = layer.values[:, :, padding:]
+                layer.drop_left(padding)
             mask = mask[:, padding:]
         self._rows += rows
         self._cache, self._mask = cache, mask

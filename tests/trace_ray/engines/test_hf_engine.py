@@ -117,6 +117,30 @@ def test_prefix_cache_gives_the_same_tokens_and_logprobs(tiny_model, monkeypatch
         assert torch.allclose(torch.tensor(with_cache.logprobs), torch.tensor(without.logprobs), atol=1e-4)
 
 
+def test_a_prefix_shared_with_the_previous_whole_prompt_is_taken_from_its_kv_not_recomputed(tiny_model, monkeypatch):
+    network, tokenizer = tiny_model
+    policy = "You are a careful phone assistant. " * 12
+    first, *rest = prompts_for(
+        tokenizer, [policy + "Hi", policy + "Turn on wifi.", policy + "Text Ann that I am late."]
+    )
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=8)
+    engine = HFEngine(network, tokenizer)
+    engine.generate([first], greedy)  # alone: prefilled whole, nothing shared yet
+    widths = []
+    forward = engine._forward
+    monkeypatch.setattr(
+        engine,
+        "_forward",
+        lambda names, **inputs: widths.append(inputs["input_ids"].shape[1]) or forward(names, **inputs),
+    )
+    shared = engine.generate(rest, greedy)
+    ((_, prefix),) = engine._prefix_caches
+    assert len(prefix) >= 100 and max(widths) < len(prefix)  # no forward pass over the prefix itself
+    plain = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate(rest, greedy)
+    assert [g.token_ids for g in shared] == [g.token_ids for g in plain]
+    assert torch.allclose(torch.tensor(shared[0].logprobs), torch.tensor(plain[0].logprobs), atol=1e-4)
+
+
 def test_grouped_cpu_attention_matches_transformers_sdpa_with_padding():
     from tests.conftest import model_config
     from trace_ray.engines.cpu_attention import use_grouped_attention
@@ -247,3 +271,29 @@ def test_on_token_sees_every_token_in_order_and_can_end_the_generation(tiny_mode
     # a failing callback ends only its request
     broken = engine.submit(prompt, params, on_token=lambda token: 1 / 0).result()
     assert broken.token_ids == full.token_ids[:1] and broken.finish_reason == "stop"
+
+
+def test_a_draft_continues_the_latest_earlier_occurrence_of_the_last_tokens():
+    from trace_ray.engines.hf import draft_tokens
+
+    assert draft_tokens([5, 1, 2, 3, 4, 9, 1, 2, 3], 3) == [4, 9, 1]
+    assert draft_tokens([7, 1, 2, 8, 8, 1, 2], 2) == [8, 8]  # no earlier 3-gram: the 2-gram
+    assert draft_tokens([1, 2, 3, 4], 4) == []
+
+
+def test_small_greedy_batches_verify_drafts_and_give_the_tokens_of_one_token_steps(tiny_model, monkeypatch):
+    network, tokenizer = tiny_model
+    prompts = prompts_for(tokenizer, ["wifi wifi wifi wifi wifi wifi", "Hi"])
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=40)
+    engine = HFEngine(network, tokenizer, continuation_cache_tokens=0)
+    passes = []
+    forward = engine._forward
+    monkeypatch.setattr(engine, "_forward", lambda names, **inputs: passes.append(1) or forward(names, **inputs))
+    drafted = engine.generate(prompts, greedy)
+    monkeypatch.setattr("trace_ray.engines.hf.SPECULATIVE_ROWS", 0)
+    stepped = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate(prompts, greedy)
+    assert [g.token_ids for g in drafted] == [g.token_ids for g in stepped]
+    assert [g.finish_reason for g in drafted] == [g.finish_reason for g in stepped]
+    for with_drafts, without in zip(drafted, stepped):
+        assert torch.allclose(torch.tensor(with_drafts.logprobs), torch.tensor(without.logprobs), atol=1e-4)
+    assert len(passes) < max(len(g.token_ids) for g in drafted)  # some passes kept several tokens

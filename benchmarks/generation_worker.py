@@ -1,0 +1,134 @@
+"""One side of ``benchmarks/generation_throughput.py``: the generation path of the tree on ``PYTHONPATH``.
+
+Run in its own process with ``PYTHONPATH`` set to a checkout (today's tree,
+or a worktree of the commit before a change), so the two sides never share
+a process, a thread pool or a cache. Plays, on the transformers engine:
+  - greedy evaluation: the first ``tasks`` held-out device tasks, ``batch_size`` live episodes;
+  - training rollouts: ``rollouts`` sampled episodes (groups of 4 on analysis tasks) at the model's sampling
+    settings and a fixed seed;
+  - a decode probe: ``probe_rows`` first-turn prompts generated together, timing every decode step.
+Prints one JSON object (timings, token counts, every episode's reward and tokens).
+
+    PYTHONPATH=TREE python benchmarks/generation_worker.py tasks=16 batch_size=16 rollouts=16 probe_rows=16
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from trace_ray.agent_prompt import AgentPrompt
+from trace_ray.config_compose import compose_config
+from trace_ray.engines import SamplingParams, make_engine
+from trace_ray.engines.hf import HFEngine
+from trace_ray.environment_setup import environment_maker
+from trace_ray.rollout_loop import LocalBackend, benchmark_tasks, run_rollouts
+
+ROLLOUT_SEED = 1234
+GROUP = 4  # samples of each task, as in a GRPO group
+
+
+class StepClock:
+    """Times the engine's prefill (``admit``) and decode (``step``) calls, and the rows of each decode step."""
+
+    def __init__(self):
+        self.prefill_s = 0.0
+        self.decode_s = 0.0
+        self.steps: list[tuple[int, float]] = []  # (rows, seconds) of each decode step
+
+    def install(self) -> None:
+        admit, step = HFEngine.admit, HFEngine.step
+        clock = self
+
+        def timed_admit(engine, requests):
+            started = time.perf_counter()
+            try:
+                return admit(engine, requests)
+            finally:
+                clock.prefill_s += time.perf_counter() - started
+
+        def timed_step(engine):
+            rows, started = len(engine._rows), time.perf_counter()
+            try:
+                return step(engine)
+            finally:
+                seconds = time.perf_counter() - started
+                clock.decode_s += seconds
+                clock.steps.append((rows, seconds))
+
+        HFEngine.admit, HFEngine.step = timed_admit, timed_step
+
+    def reset(self) -> None:
+        self.prefill_s, self.decode_s, self.steps = 0.0, 0.0, []
+
+
+def play(tasks, make_env, engine, prompt, params, batch_size, config, clock):
+    clock.reset()
+    started = time.perf_counter()
+    results = run_rollouts(
+        tasks,
+        LocalBackend(make_env, engine),
+        prompt,
+        params,
+        batch_size,
+        config.model.max_context_tokens,
+        max_episode_tokens=config.rollout.max_episode_tokens,
+    )
+    seconds = time.perf_counter() - started
+    generated = sum(result.record.action_tokens for result in results)
+    return {
+        "seconds": seconds,
+        "episodes": len(results),
+        "generated_tokens": generated,
+        "record_tokens": sum(len(result.record.token_ids) for result in results),
+        "prefill_s": clock.prefill_s,
+        "decode_s": clock.decode_s,
+        "decode_steps": len(clock.steps),
+        "mean_rows": sum(rows for rows, _ in clock.steps) / max(len(clock.steps), 1),
+        "rewards": {result.key: result.reward for result in results},
+        "tokens": {result.key: result.record.token_ids for result in results},
+    }
+
+
+def main() -> None:
+    options = dict(argument.split("=", 1) for argument in sys.argv[1:])
+    count, batch_size = int(options.pop("tasks", 16)), int(options.pop("batch_size", 16))
+    rollouts, probe_rows = int(options.pop("rollouts", 16)), int(options.pop("probe_rows", 16))
+    config = compose_config("evaluate", ["env=device", "model=smollm2_135m", *(f"{k}={v}" for k, v in options.items())])
+    make_env = environment_maker(config.env)
+    env = make_env()
+    engine = make_engine(config.model, config.engine)
+    prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
+    clock = StepClock()
+    clock.install()
+    sampling = config.model.sampling
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=sampling.max_new_tokens)
+    report = {
+        "evaluation": play(
+            benchmark_tasks(env, "eval", limit=count), make_env, engine, prompt, greedy, batch_size, config, clock
+        )
+    }
+    sampled = SamplingParams(sampling.temperature, sampling.top_p, sampling.max_new_tokens, seed=ROLLOUT_SEED)
+    groups = benchmark_tasks(env, "analysis", samples_per_task=GROUP, limit=max(rollouts // GROUP, 1))
+    report["rollouts"] = play(groups, make_env, engine, prompt, sampled, batch_size, config, clock)
+    example = env.example_exchange()
+    first_prompts = []
+    for task in benchmark_tasks(env, "eval", limit=probe_rows):
+        reset = env.reset(task.seed)
+        first_prompts.append(prompt.prompt_ids(reset.messages, reset.tools, example))
+    clock.reset()
+    engine.generate(first_prompts, SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=64))
+    full = [seconds for rows, seconds in clock.steps if rows == probe_rows]
+    report["decode_probe"] = {
+        "rows": probe_rows,
+        "context_tokens": sum(len(p) for p in first_prompts) / len(first_prompts),
+        "full_steps": len(full),
+        "step_s": sorted(full)[len(full) // 2] if full else None,
+    }
+    engine.close()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

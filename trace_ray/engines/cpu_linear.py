@@ -1,0 +1,57 @@
+"""Linear layers on prepacked oneDNN weights (CPU, fp32 inference).
+
+``torch.nn.functional.linear`` on a CPU repacks the weight matrix into the
+matrix kernel's blocked layout on every call. A decode step multiplies a
+few rows by every weight of the model, so that repacking, a full extra pass
+over ~540 MB of SmolLM2's weights, was most of the step: all 211 linear
+layers of the model took 69-71 ms at 4-16 rows with ``F.linear`` and 25-35 ms
+with the weights packed once (``benchmarks/roofline.py`` measures both).
+The packed kernel also computes each row on its own, so a row's output does
+not depend on which other rows share its batch.
+
+The packed copy is made on the first forward and kept while the weight is
+unchanged: the engine's base weights are frozen (LoRA adapters are separate
+modules that wrap these layers and keep their own weights). With gradients
+enabled the layer runs ``F.linear`` on its own weight. The copy costs as
+much memory as the weight (~540 MB for SmolLM2).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class PackedLinear(torch.nn.Linear):
+    """An ``nn.Linear`` whose inference forward runs on a prepacked copy of its weight.
+
+    The copy is remade if the weight changes (replaced, or written in place: its version counter moves), so a
+    stale copy is never used."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or x.dtype != torch.float32:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed(), self.bias, "none", [], "")
+
+    def packed(self) -> torch.Tensor:
+        source = (id(self.weight), self.weight._version)
+        if getattr(self, "_packed_source", None) != source:
+            self._packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+            self._packed_source = source
+        return self._packed_weight
+
+
+def packing_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def use_packed_linears(model: torch.nn.Module) -> int:
+    """Switch every fp32 ``nn.Linear`` of ``model`` on the CPU to :class:`PackedLinear`; returns how many."""
+    if not packing_available():
+        return 0
+    switched = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 and module.weight.is_cpu:
+            module.__class__ = PackedLinear
+            switched += 1
+    return switched

@@ -48,7 +48,10 @@ one line naming the missing piece, unless ``synthesis.sandbox=weak``: a
 plain child process in its own session and scratch directory, the network
 cut as far as the kernel allows (recorded as ``isolation``). Either way the
 child caps its address space, CPU time, processes, open files and written
-file sizes (``SandboxLimits``). It proxies every protocol method over JSON lines on the
+file sizes (``SandboxLimits``; the kernel does not count processes against
+the limit when the sandbox is started by root, so there a fork bomb runs
+until the call's time limit, and stopping the sandbox waits until the
+kernel has ended every process of its namespace). It proxies every protocol method over JSON lines on the
 child's stdin/stdout and waits for each answer with a deadline (select on the
 pipe). A timeout, a memory error, a network attempt or a crash kills the
 child's process group and raises :class:`SandboxError`; every later call
@@ -115,10 +118,12 @@ def system_binds() -> list[str]:
     return [argument for path in paths for argument in ("--ro-bind", path, path)]
 
 
-def bubblewrap_command(module_path: Path, options: dict[str, Any]) -> list[str]:
-    """The command that runs the sandbox child for ``module_path`` under bubblewrap (see the module docstring)."""
+def bubblewrap_command(module_path: Path, options: dict[str, Any], info_fd: int | None = None) -> list[str]:
+    """The command that runs the sandbox child for ``module_path`` under bubblewrap (see the module docstring);
+    ``info_fd``: where bubblewrap writes the PID of the namespace's first process, as JSON."""
     return [
         "bwrap",
+        *(["--info-fd", str(info_fd)] if info_fd is not None else []),
         *NAMESPACES,
         "--uid",
         NOBODY,
@@ -237,6 +242,7 @@ class SandboxedEnvironment(Environment):
         self._process: subprocess.Popen | None = None
         self._stopped: str | None = None  # why the sandbox no longer answers
         self._group_killed = False
+        self._namespace_info: int | None = None  # read end of bubblewrap's --info-fd (strict mode)
         self._buffer = bytearray()
         if not self.module_path.is_file():
             self._stopped = "no module"
@@ -264,9 +270,12 @@ class SandboxedEnvironment(Environment):
             "processes": limits.processes,
             "open_files": limits.open_files,
         }
+        passed: tuple[int, ...] = ()
         if limits.mode == "strict":
+            self._namespace_info, info_write = os.pipe()
+            passed = (info_write,)
             command, child_env = (
-                bubblewrap_command(self.module_path, options),
+                bubblewrap_command(self.module_path, options, info_write),
                 {"PATH": os.environ.get("PATH", os.defpath)},
             )
         else:
@@ -295,7 +304,10 @@ class SandboxedEnvironment(Environment):
             stderr=self._stderr,
             start_new_session=True,
             close_fds=True,
+            pass_fds=passed,
         )
+        for descriptor in passed:
+            os.close(descriptor)
         try:
             hello = self._receive("start (import and make_environment)", self.limits.start_timeout_s)
         except BaseException:
@@ -362,6 +374,9 @@ class SandboxedEnvironment(Environment):
                 stream.close()
             except OSError:
                 pass
+        if self._namespace_info is not None:
+            os.close(self._namespace_info)
+            self._namespace_info = None
         shutil.rmtree(self._scratch, ignore_errors=True)
         self._process = None
 
@@ -455,6 +470,32 @@ class SandboxedEnvironment(Environment):
         except (ProcessLookupError, PermissionError):
             pass
         self._process.wait()
+        self._await_namespace_end()
+
+    def _await_namespace_end(self, wait_s: float = 60.0) -> None:
+        """Return once the PID namespace's first process has ended (strict mode).
+
+        Killing it makes the kernel kill everything else in the namespace, but
+        that takes a while when the module forked many processes (as root the
+        process limit does not hold); the first process ends only after all of
+        them, so once it has, nothing the module started runs on."""
+        if self._namespace_info is None:
+            return
+        os.set_blocking(self._namespace_info, False)
+        try:
+            info = json.loads(os.read(self._namespace_info, 4096).decode() or "{}")
+        except (BlockingIOError, ValueError):
+            return  # bubblewrap never started the namespace
+        first = info.get("child-pid")
+        deadline = time.monotonic() + wait_s
+        while first and time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{first}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # gone
+            if state in ("Z", "X"):  # ended; a zombie until its new parent reaps it
+                return
+            time.sleep(0.05)
 
     def _exit_cause(self) -> str:
         """Why the child ended, in words."""

@@ -1,7 +1,7 @@
 """Generation throughput: the engine of a baseline commit against today's, side by side, on the same tasks.
 
 The baseline is played from a git worktree of ``--baseline`` (default: the
-commit before the engine's prepacked linears and roomy KV cache); today's
+engine before this work, transformers' own forward on a padded batch); today's
 tree from this checkout. Each side runs ``benchmarks/generation_worker.py``
 in its own process, one after the other (``--repeats`` alternating rounds;
 the faster round of each side is kept: this 2-core VM's speed drifts by
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.roofline import ModelShape, decode_bound, measure  # noqa: E402
 from trace_ray.console import print_table  # noqa: E402
 
-BASELINE = "c5deaf1"  # the engine before prepacked linears and the roomy KV cache (2026-12-07)
+BASELINE = "ac2969f"  # the engine before this issue's work: transformers' forward on a padded batch (2026-12-06)
 
 
 def play(tree: Path, args, *overrides: str) -> dict:

@@ -30,7 +30,11 @@ GROUP = 4  # samples of each task, as in a GRPO group
 
 
 class StepClock:
-    """Times the engine's prefill (``admit``) and decode (``step``) calls, and the rows of each decode step."""
+    """Times the engine's prefill and decode, and the rows of each decode step.
+
+    Engines that prefill in ``admit`` (before the packed forward) count ``admit`` as prefill and every ``step``
+    as decode; the packed engine prefills joining rows inside ``step``, so a step with a row that has more than
+    one pending token and no draft counts as prefill there."""
 
     def __init__(self):
         self.prefill_s = 0.0
@@ -50,12 +54,16 @@ class StepClock:
 
         def timed_step(engine):
             rows, started = len(engine._rows), time.perf_counter()
+            joining = any(len(getattr(row, "pending", ())) > 1 for row in engine._rows)
             try:
                 return step(engine)
             finally:
                 seconds = time.perf_counter() - started
-                clock.decode_s += seconds
-                clock.steps.append((rows, seconds))
+                if joining:
+                    clock.prefill_s += seconds
+                else:
+                    clock.decode_s += seconds
+                    clock.steps.append((rows, seconds))
 
         HFEngine.admit, HFEngine.step = timed_admit, timed_step
 

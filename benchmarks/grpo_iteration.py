@@ -208,7 +208,7 @@ def run_ours(config: TraceConfig, prompts: list[Prompt], iterations: int, kind: 
         rolled = time.perf_counter()
         if rows:
             generator = torch.Generator().manual_seed(config.seed * 1_000_003 + iteration)
-            update(scorer, policy, optimizer, rows, config, generator)
+            update(scorer, policy, optimizer, rows, grpo, generator)
         updated = time.perf_counter()
         engine.load_adapter(ADAPTER, iteration + 1, adapter_weights(policy), lora_config)
         synced = time.perf_counter()

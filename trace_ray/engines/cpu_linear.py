@@ -9,7 +9,7 @@ with the weights packed once (``benchmarks/roofline.py`` measures both).
 The packed kernel also computes each row on its own, so a row's output does
 not depend on which other rows share its batch.
 
-The packed copy is made on the first forward and kept while the weight is
+The packed copy is made when the layer is switched and kept while the weight is
 unchanged: the engine's base weights are frozen (LoRA adapters are separate
 modules that wrap these layers and keep their own weights). With gradients
 enabled the layer runs ``F.linear`` on its own weight. The copy costs as
@@ -53,5 +53,6 @@ def use_packed_linears(model: torch.nn.Module) -> int:
     for module in model.modules():
         if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 and module.weight.is_cpu:
             module.__class__ = PackedLinear
+            module.packed()  # now, not in the first generation's time
             switched += 1
     return switched

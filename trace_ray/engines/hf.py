@@ -1,17 +1,23 @@
-"""The transformers engine: continuous batching on CPU or GPU, LoRA adapters, prefix caching.
+"""The transformers engine: continuous batching on CPU or GPU, LoRA adapters, shared prefixes.
 
 Requests join the running batch as they arrive and leave it as soon as they
-finish (see ``engine_loop.py``); a decode step runs every row of the batch
-at once, each with its own sampling settings, random generator and LoRA
-adapter (PEFT's mixed-adapter batches). Rows are left-padded in one shared
-KV cache; positions are given explicitly, so padding never shifts them.
+finish (see ``engine_loop.py``); each step runs one forward pass over the
+new tokens of every row at once (a joining row's prompt, every other row's
+last token), each row with its own sampling settings, random generator and
+LoRA adapter (PEFT's mixed-adapter batches). The pass runs the model's own
+modules on the tokens packed end to end (``packed_model.py``), so a row
+joining costs no second pass over the weights and rows of different lengths
+need no padding.
 
 Agent prompts share a long prefix (policy, tool list, worked example): on a
-CPU its prefill dominates. The engine keeps the KV cache of recent shared
-prefixes (per adapter version) and prefills only each prompt's own suffix.
-It also keeps the KV cache of finished generations for a while: an
-episode's next prompt extends its last one (the reply and the environment's
-answer appended), so only the new tokens are prefilled.
+CPU its prefill dominates. The engine keeps the keys and values of recent
+shared prefixes once (per adapter version, ``kv_store.py``): every row that
+starts with one prefills only its own suffix and reads the prefix in place.
+A prompt prefilled with no stored prefix becomes one, for the prompts that
+follow it. The engine also keeps the own keys and values of finished
+generations for a while: an episode's next prompt extends its last one (the
+reply and the environment's answer appended), so only the new tokens are
+prefilled.
 
 The model runs where it was loaded: on the CPU, or on the GPU of a rollout
 worker given one (``models.assigned_device``; ``model.dtype=auto`` is bf16
@@ -26,22 +32,22 @@ row finishes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation
-from trace_ray.engines.cpu_attention import use_grouped_attention
 from trace_ray.engines.cpu_linear import use_packed_linears
 from trace_ray.engines.engine_loop import LoopedEngine, Request
-from trace_ray.engines.kv_cache import ROOM, RoomyLayer, roomy_cache
+from trace_ray.engines.kv_store import RowKV, SharedPrefix
+from trace_ray.engines.packed_model import PackedModel, Step
 from trace_ray.engines.sampling import sample_next
 
 __all__ = ["AdapterNotLoadedError", "HFEngine", "end_of_turn_ids"]
 
-MIN_CACHED_PREFIX = 32  # shorter shared prefixes are cheaper to recompute than to copy
-PREFIX_CACHE_ENTRIES = 4
-CONTINUATION_CACHE_TOKENS = 32768  # tokens of finished generations kept for the episodes' next turns
+MIN_CACHED_PREFIX = 32  # shorter shared prefixes are cheaper to recompute than to keep
+PREFIX_CACHE_ENTRIES = 8
+CONTINUATION_CACHE_TOKENS = 32768  # own tokens of finished generations kept for the episodes' next turns
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
 SPECULATIVE_ROWS = 4  # greedy batches of at most this many rows verify drafted tokens (the step is weight-bound there)
 DRAFT_TOKENS = 8  # tokens drafted per row and step
@@ -60,7 +66,7 @@ def draft_tokens(sequence: list[int], count: int) -> list[int]:
     return []
 
 
-def common_prefix_length(prompts: list[list[int]]) -> int:
+def common_prefix_length(prompts: list[list[int]] | list[tuple[int, ...]]) -> int:
     first = prompts[0]
     length = min(len(prompt) for prompt in prompts)
     for prompt in prompts[1:]:
@@ -69,25 +75,6 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
             index += 1
         length = index
     return length
-
-
-def stack_right_aligned(first: torch.Tensor, second: torch.Tensor, dim: int, room: int = 0) -> torch.Tensor:
-    """``first`` and ``second`` stacked along dim 0, each right-aligned along ``dim`` and zero-padded on the left,
-    followed by ``room`` unset columns.
-
-    One allocation and one copy of each input (the running batch's KV cache
-    is large: this runs whenever a request joins).
-    """
-    width = max(first.shape[dim], second.shape[dim])
-    shape = list(first.shape)
-    shape[0], shape[dim] = first.shape[0] + second.shape[0], width + room
-    stacked = first.new_empty(shape)
-    for rows, part in ((slice(0, first.shape[0]), first), (slice(first.shape[0], None), second)):
-        target = stacked[rows]
-        padding = width - part.shape[dim]
-        target.narrow(dim, 0, padding).zero_()
-        target.narrow(dim, padding, part.shape[dim]).copy_(part)
-    return stacked
 
 
 def end_of_turn_ids(tokenizer, configured_eos: int | list[int] | None) -> list[int]:
@@ -100,8 +87,9 @@ def end_of_turn_ids(tokenizer, configured_eos: int | list[int] | None) -> list[i
 class _Row:
     request: Request
     peft_name: str | None  # the PEFT adapter generating this row; None: the base model
-    tokens: list[int]
-    logprobs: list[float]
+    pending: list[int]  # tokens whose keys and values the next step computes
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
 
 
 class HFEngine(LoopedEngine):
@@ -114,8 +102,8 @@ class HFEngine(LoopedEngine):
         continuation_cache_tokens: int = CONTINUATION_CACHE_TOKENS,
     ):
         self.base_model = model
+        self.packed = PackedModel(model)
         if self.device.type == "cpu":
-            use_grouped_attention(model)
             use_packed_linears(model)
         self.peft_model = None  # wraps base_model once an adapter is loaded
         self.tokenizer = tokenizer
@@ -125,15 +113,12 @@ class HFEngine(LoopedEngine):
         self._adapters: dict[str, tuple[int, str]] = {}  # name -> (version, PEFT-internal name)
         self._retired: set[str] = set()  # PEFT names replaced or unloaded, deleted once no row uses them
         self._loads = 0
-        self._prefix_caches: OrderedDict[tuple, object] = OrderedDict()
-        self._recent_prompt: dict[AdapterRef | None, list[int]] = {}
-        self._recent_kv: dict[AdapterRef | None, tuple[tuple[int, ...], list]] = {}  # the last prompt prefilled whole
+        self._prefix_caches: OrderedDict[tuple, SharedPrefix] = OrderedDict()  # (adapter, tokens) -> prefix
         self.continuation_cache_tokens = continuation_cache_tokens
-        self._continuations: OrderedDict[tuple, list] = OrderedDict()  # (adapter, tokens) -> per-layer (keys, values)
+        self._continuations: OrderedDict[tuple, RowKV] = OrderedDict()  # (adapter, tokens) -> the finished row's KV
         self._continuation_tokens = 0
-        self._rows: list[_Row] = []
-        self._cache = None  # KV cache of the running batch
-        self._mask: torch.Tensor | None = None  # [rows, cache width]: 1 on real tokens
+        self._rows: list[_Row] = []  # row i of the batch is row i of the store
+        self._store = self.packed.new_store()
         super().__init__()
 
     @property
@@ -177,6 +162,7 @@ class HFEngine(LoopedEngine):
         in_use = {row.peft_name for row in self._rows}
         if not self._adapters and not in_use - {None} and self.peft_model is not None:
             self.base_model = self.peft_model.unload()  # PEFT cannot run without an adapter
+            self.packed.model = self.base_model
             self.peft_model = None
             self._retired.clear()
             return
@@ -187,36 +173,33 @@ class HFEngine(LoopedEngine):
     def _drop_prefix_caches(self, name: str) -> None:
         for key in [key for key in self._prefix_caches if key[0] and key[0][0] == name]:
             del self._prefix_caches[key]
-        for key in [key for key in self._recent_kv if key and key[0] == name]:
-            del self._recent_kv[key]
         for key in [key for key in self._continuations if key[0] and key[0][0] == name]:
-            self._continuation_tokens -= len(key[1])
-            del self._continuations[key]
+            self._continuation_tokens -= self._continuations.pop(key).own.shape[3]
 
     def _peft_name(self, adapter: AdapterRef | None) -> str | None:
         self.check_loaded(adapter)
         return None if adapter is None else self._adapters[adapter[0]][1]
 
-    def _forward(self, peft_names: list[str | None], **inputs):
-        """One forward pass, row i through adapter ``peft_names[i]`` (None: the base model).
+    def _forward(self, store, step: Step, peft_names: list[str | None]) -> torch.Tensor:
+        """One packed forward pass (``packed_model.py``), row i through adapter ``peft_names[i]`` (None: the base).
 
         A batch whose rows all share one adapter (the common case in training
         rollouts) runs with that adapter active, or with adapters disabled for
         the base; PEFT's mixed-adapter path, which splits every LoRA layer's
-        batch by adapter, is kept for batches that really mix them.
+        tokens by adapter, is kept for batches that really mix them.
         """
         if self.peft_model is None:
-            return self.base_model(**inputs, use_cache=True)
+            return self.packed.forward(store, step)
         names = set(peft_names)
         if names == {None}:
             with self.peft_model.disable_adapter():
-                return self.peft_model(**inputs, use_cache=True)
+                return self.packed.forward(store, step)
         if len(names) == 1:
             (name,) = names
             if self.peft_model.active_adapter != name:
                 self.peft_model.set_adapter(name)
-            return self.peft_model(**inputs, use_cache=True)
-        return self.peft_model(**inputs, use_cache=True, adapter_names=[name or BASE for name in peft_names])
+            return self.packed.forward(store, step)
+        return self.packed.forward(store, step, [name or BASE for name in peft_names])
 
     # -- the engine core (run by the engine loop) --------------------------------------
     @property
@@ -229,68 +212,32 @@ class HFEngine(LoopedEngine):
 
     @torch.no_grad()
     def admit(self, requests: list[Request]) -> list[tuple[Request, Generation | BaseException]]:
-        """Prefill the requests (one group per adapter), sample their first token, join the batch."""
+        """Add the requests to the batch with the stored keys and values they start with (a finished turn they
+        continue, else a shared prefix); the next step prefills the rest. Requests for adapters not loaded end."""
         ended: list[tuple[Request, Generation | BaseException]] = []
-        groups: dict[AdapterRef | None, list[Request]] = {}
+        fresh: dict[AdapterRef | None, list[Request]] = {}
         for request in requests:
             try:
-                self._peft_name(request.adapter)
+                peft_name = self._peft_name(request.adapter)
             except AdapterNotLoadedError as error:
                 ended.append((request, error))
                 continue
-            groups.setdefault(request.adapter, []).append(request)
-        for adapter, group in groups.items():
-            fresh = []
-            for request in group:
-                continued = self._continuation(adapter, request.prompt)
-                if continued:
-                    ended += self._prefill(adapter, [request], *continued)
-                else:
-                    fresh.append(request)
-            if fresh:
-                ended += self._prefill(
-                    adapter, fresh, *self._cached_prefix(adapter, self._peft_name(adapter), [r.prompt for r in fresh])
-                )
+            continued = self._continuation(request.adapter, request.prompt)
+            if continued:
+                self._store.add(continued.prefix, continued.used, continued.own)
+                self._rows.append(_Row(request, peft_name, request.prompt[continued.length :]))
+            else:
+                fresh.setdefault(request.adapter, []).append(request)
+        for adapter, group in fresh.items():
+            peft_name = self._peft_name(adapter)
+            for request, (prefix, used) in zip(group, self._cached_prefixes(adapter, peft_name, group)):
+                self._store.add(prefix, used)
+                self._rows.append(_Row(request, peft_name, request.prompt[used:]))
         return ended
 
-    def _prefill(
-        self, adapter: AdapterRef | None, requests: list[Request], prefix_length: int, prefix: list | None
-    ) -> list[tuple[Request, Generation]]:
-        """Prefill the prompts past their cached ``prefix_length`` tokens (``prefix``: that prefix's per-layer
-        ``(keys, values)`` for one row), sample their first token, join the batch."""
-        peft_name = self._peft_name(adapter)
-        prompts = [request.prompt for request in requests]
-        width = max(len(prompt) for prompt in prompts) - prefix_length
-        count = len(prompts)
-        layers = [  # every row's copy of the prefix, with room for the suffix and the first decode steps
-            RoomyLayer.copy_of(keys.expand(count, -1, -1, -1), values.expand(count, -1, -1, -1), width + ROOM)
-            for keys, values in prefix or []
-        ]
-        cache = roomy_cache(layers)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), prefix_length + width), dtype=torch.long)
-        mask[:, :prefix_length] = 1
-        for row, prompt in enumerate(prompts):
-            suffix = prompt[prefix_length:]
-            input_ids[row, width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
-            mask[row, prefix_length + width - len(suffix) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)[:, prefix_length:]
-        output = self._forward(
-            [peft_name] * len(prompts),
-            input_ids=input_ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=positions.to(self.device),
-            past_key_values=cache,
-            logits_to_keep=1,
-        )
-        if len(prompts) == 1 and prefix_length == 0:  # its KV may hold the prefix the next prompts share
-            self._recent_kv[adapter] = (tuple(prompts[0]), [(layer.keys, layer.values) for layer in cache.layers])
-        rows = [_Row(request, peft_name, [], []) for request in requests]
-        return self._join(rows, output.past_key_values, mask.to(self.device), output.logits[:, -1])
-
-    def _continuation(self, adapter: AdapterRef | None, prompt: list[int]) -> tuple[int, list] | None:
-        """(length, per-layer ``(keys, values)``) of a finished generation this prompt continues (an episode's next
-        turn), taken from the store."""
+    def _continuation(self, adapter: AdapterRef | None, prompt: list[int]) -> RowKV | None:
+        """The keys and values of a finished generation this prompt continues (an episode's next turn), taken from
+        the store."""
         best = None
         for key in self._continuations:
             cached_adapter, tokens = key
@@ -299,182 +246,171 @@ class HFEngine(LoopedEngine):
                     best = key
         if best is None:
             return None
-        layers = self._continuations.pop(best)
-        self._continuation_tokens -= len(best[1])
-        return len(best[1]), layers
+        kv = self._continuations.pop(best)
+        self._continuation_tokens -= kv.own.shape[3]
+        return kv
 
-    def _keep_continuation(self, row: _Row, cache, index: int, row_mask: torch.Tensor) -> None:
-        """Store the KV of a finished row's real tokens (prompt + reply but its last token), evicting the oldest."""
-        tokens = tuple(row.request.prompt + row.tokens[:-1])
-        real = row_mask.bool()
-        layers = [
-            (layer.keys[index : index + 1, :, real], layer.values[index : index + 1, :, real]) for layer in cache.layers
-        ]
-        self._continuations[(row.request.adapter, tokens)] = layers
-        self._continuation_tokens += len(tokens)
-        while self._continuation_tokens > self.continuation_cache_tokens:
-            (_, evicted), _ = self._continuations.popitem(last=False)
-            self._continuation_tokens -= len(evicted)
+    def _keep_continuation(self, adapter: AdapterRef | None, tokens: list[int], kv: RowKV) -> None:
+        """Store a finished row's keys and values (its prompt and reply but the reply's last token), evicting the
+        oldest."""
+        self._continuations[(adapter, tuple(tokens))] = kv
+        self._continuation_tokens += kv.own.shape[3]
+        while self._continuation_tokens > self.continuation_cache_tokens and self._continuations:
+            _, evicted = self._continuations.popitem(last=False)
+            self._continuation_tokens -= evicted.own.shape[3]
 
-    def _cached_prefix(self, adapter, peft_name, prompts: list[list[int]]) -> tuple[int, list | None]:
-        """(length, per-layer ``(keys, values)`` of one row) of a stored prefix the prompts all share, storing a new one
-        if worth it.
+    def _remember_prefix(self, adapter: AdapterRef | None, prefix: SharedPrefix) -> None:
+        self._prefix_caches[(adapter, prefix.tokens)] = prefix
+        while len(self._prefix_caches) > PREFIX_CACHE_ENTRIES:
+            self._prefix_caches.popitem(last=False)
 
-        A single prompt is compared with the adapter's previous prompt, so
-        that requests arriving one by one still share their prefix. At
-        least one token of every prompt stays uncached for the forward pass.
-        """
-        usable = min(common_prefix_length(prompts), min(len(prompt) for prompt in prompts) - 1)
-        best: tuple[int, ...] = ()
-        for cached_adapter, prefix in self._prefix_caches:
-            if (
-                cached_adapter == adapter
-                and len(best) < len(prefix) <= usable
-                and tuple(prompts[0][: len(prefix)]) == prefix
-            ):
-                best = prefix
-        peers = (
-            prompts
-            if len(prompts) > 1
-            else prompts + ([self._recent_prompt[adapter]] if adapter in self._recent_prompt else [])
-        )
-        self._recent_prompt[adapter] = prompts[-1]
-        shared = min(usable, common_prefix_length(peers))
-        if not best and len(peers) > 1 and shared >= MIN_CACHED_PREFIX:
-            best = tuple(prompts[0][:shared])
-            recent_tokens, recent_layers = self._recent_kv.pop(adapter, ((), []))
-            if recent_tokens[:shared] == best:  # the previous prompt, prefilled whole, holds this prefix's KV
-                layers = [(k[:, :, :shared].clone(), v[:, :, :shared].clone()) for k, v in recent_layers]
+    def _cached_prefixes(
+        self, adapter: AdapterRef | None, peft_name: str | None, requests: list[Request]
+    ) -> list[tuple[SharedPrefix | None, int]]:
+        """Each fresh prompt's stored prefix and how many of its tokens the prompt starts with ((None, 0): none).
+
+        A prompt that matches no stored prefix may share one with a row prefilled with none (running, or its
+        finished turn kept): that row's keys and values make the prefix, and the row starts with it from then on.
+        Prompts left without one that share at least ``MIN_CACHED_PREFIX`` tokens among themselves get it
+        prefilled once, here. Every prefix made is stored for the prompts that follow."""
+        found: list[tuple[SharedPrefix | None, int]] = []
+        for request in requests:
+            best: tuple[SharedPrefix | None, int] = (None, 0)
+            for (cached_adapter, tokens), prefix in self._prefix_caches.items():
+                if cached_adapter == adapter:
+                    used = min(common_prefix_length([tokens, request.prompt]), len(request.prompt) - 1)
+                    if used >= MIN_CACHED_PREFIX and used > best[1]:
+                        best = (prefix, used)
+            if best[0] is not None:
+                self._prefix_caches.move_to_end((adapter, best[0].tokens))
             else:
-                output = self._forward([peft_name], input_ids=torch.tensor([best], device=self.device))
-                layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
-            self._prefix_caches[(adapter, best)] = layers
-            while len(self._prefix_caches) > PREFIX_CACHE_ENTRIES:
-                self._prefix_caches.popitem(last=False)
-        if not best:
-            return 0, None
-        self._prefix_caches.move_to_end((adapter, best))
-        return len(best), self._prefix_caches[(adapter, best)]
+                best = self._prefix_from_unshared(adapter, request.prompt)
+            found.append(best)
+        alone = [index for index, (prefix, _) in enumerate(found) if prefix is None]
+        if len(alone) > 1:
+            prompts = [requests[index].prompt for index in alone]
+            shared = min(common_prefix_length(prompts), min(len(prompt) for prompt in prompts) - 1)
+            if shared >= MIN_CACHED_PREFIX:
+                prefix = self._prefill_prefix(tuple(prompts[0][:shared]), peft_name)
+                self._remember_prefix(adapter, prefix)
+                for index in alone:
+                    found[index] = (prefix, shared)
+        return found
+
+    def _prefix_from_unshared(self, adapter: AdapterRef | None, prompt: list[int]) -> tuple[SharedPrefix | None, int]:
+        """The longest prefix (of at least ``MIN_CACHED_PREFIX`` tokens) ``prompt`` shares with a row of this adapter
+        that starts with no shared prefix, made from that row's keys and values; (None, 0) if there is none."""
+        limit = len(prompt) - 1
+        best, best_length = None, MIN_CACHED_PREFIX - 1
+        for index, row in enumerate(self._rows):
+            if row.request.adapter == adapter and self._store.prefixes[index][0] is None:
+                known = row.request.prompt + row.tokens  # the row's tokens whose keys and values are stored
+                length = min(common_prefix_length([known[: self._store.lengths[index]], prompt]), limit)
+                if length > best_length:
+                    best, best_length = ("running", index), length
+        for key, kv in self._continuations.items():
+            if key[0] == adapter and kv.prefix is None:
+                length = min(common_prefix_length([key[1], prompt]), limit)
+                if length > best_length:
+                    best, best_length = ("finished", key), length
+        if best is None:
+            return None, 0
+        tokens = tuple(prompt[:best_length])
+        kind, where = best
+        if kind == "running":
+            prefix = self._store.share(where, tokens)
+        else:
+            kv = self._continuations[where]
+            prefix = SharedPrefix(tokens, kv.own[:, :, :, : len(tokens)].clone())
+            self._continuations[where] = RowKV(prefix, len(tokens), kv.own[:, :, :, len(tokens) :].clone())
+            self._continuation_tokens -= len(tokens)
+        self._remember_prefix(adapter, prefix)
+        return prefix, len(tokens)
+
+    def _prefill_prefix(self, tokens: tuple[int, ...], peft_name: str | None) -> SharedPrefix:
+        """Keys and values of ``tokens``, computed in a store of their own."""
+        store = self.packed.new_store()
+        store.add()
+        self._forward(store, Step([list(tokens)], [False]), [peft_name])
+        store.grow(0, len(tokens))
+        return store.share(0, tokens)
 
     @torch.no_grad()
     def step(self) -> list[tuple[Request, Generation]]:
-        """One decode step for every running row: its last token, and in a small greedy batch its draft too (prompt
-        lookup). Every row keeps as many tokens as greedy decoding confirms for all rows, plus one (one without
-        drafts): the tokens one-token steps would give, in fewer passes."""
-        drafts = self._drafts() or [[] for _ in self._rows]
-        width = len(drafts[0]) + 1
-        inputs = torch.tensor([[row.tokens[-1], *draft] for row, draft in zip(self._rows, drafts)], device=self.device)
-        positions = self._mask.sum(dim=1, keepdim=True) + torch.arange(width, device=self.device)
-        mask = torch.cat(
-            [self._mask, torch.ones((len(self._rows), width), dtype=self._mask.dtype, device=self._mask.device)], dim=1
-        )
-        output = self._forward(
-            [row.peft_name for row in self._rows],
-            input_ids=inputs,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self._cache,
-        )
-        logits = output.logits.cpu()
-        rows, self._rows = self._rows, []
-        self._cache, self._mask = None, None
-        picks = [self._sample(rows, logits[:, column]) for column in range(width)]
-        confirmed = min(  # leading draft tokens every row's greedy choice agrees with
-            next((column for column in range(width - 1) if picks[column][0][index] != draft[column]), width - 1)
-            for index, draft in enumerate(drafts)
-        )
-        taken = confirmed + 1
-        cache = output.past_key_values
-        if taken < width:
-            for layer in cache.layers:
-                layer.drop_right(width - taken)  # columns of draft tokens past the kept ones
-            mask = mask[:, : mask.shape[1] - (width - taken)]
-        tokens = [[picks[column][0][index] for column in range(taken)] for index in range(len(rows))]
-        logprobs = [[picks[column][1][index] for column in range(taken)] for index in range(len(rows))]
-        return self._advance(rows, cache, mask, tokens, logprobs)
+        """One forward pass over every row's pending tokens: a joining row's prompt (past what is stored), every
+        other row's last token and, in a small greedy batch, its draft too (prompt lookup). A drafted row keeps as
+        many tokens as greedy decoding confirms, plus one: the tokens one-token steps would give, in fewer passes."""
+        drafts = self._drafts()
+        if drafts:
+            for row, draft in zip(self._rows, drafts):
+                row.pending = row.pending + draft
+        step = Step([row.pending for row in self._rows], [bool(drafts)] * len(self._rows))
+        logits = self._forward(self._store, step, [row.peft_name for row in self._rows]).cpu()
+        positions = [len(row.pending) if drafts else 1 for row in self._rows]
+        owners = [row for row, count in zip(self._rows, positions) for _ in range(count)]
+        tokens, logprobs = self._sample(owners, logits)
+        finished, keep, start = [], [], 0
+        for index, (row, count) in enumerate(zip(self._rows, positions)):
+            picks = list(zip(tokens[start : start + count], logprobs[start : start + count]))
+            start += count
+            draft = row.pending[len(row.pending) - count + 1 :]  # the drafted tokens (none for a one-token step)
+            confirmed = next((column for column, token in enumerate(draft) if picks[column][0] != token), len(draft))
+            outcome = self._advance(row, picks[: confirmed + 1])
+            self._store.grow(index, len(row.pending) - count + outcome[1])  # the tokens' keys and values it keeps
+            if outcome[0] is None:
+                row.pending = [row.tokens[-1]]
+                keep.append(index)
+                continue
+            finished.append((row.request, outcome[0]))
+            if self.continuation_cache_tokens:
+                kv = self._store.take(index)
+                self._keep_continuation(row.request.adapter, row.request.prompt + row.tokens[:-1], kv)
+        if len(keep) < len(self._rows):
+            self._store.keep(keep)
+            self._rows = [self._rows[index] for index in keep]
+        self._release_retired()
+        return finished
 
     def _drafts(self) -> list[list[int]] | None:
-        """Equal-length drafts for every row of a small greedy batch (prompt lookup), or None."""
-        if len(self._rows) > SPECULATIVE_ROWS or any(row.request.params.temperature != 0 for row in self._rows):
+        """Equal-length drafts for every row of a small greedy batch with no prompt to prefill (prompt lookup), or
+        None. A row with a shorter draft is padded with its last token: the step costs the same, and a padded token
+        is kept only where greedy decoding picks it too."""
+        if len(self._rows) > SPECULATIVE_ROWS or any(
+            row.request.params.temperature != 0 or len(row.pending) != 1 for row in self._rows
+        ):
             return None
         drafts = []
         for row in self._rows:
             room = row.request.params.max_new_tokens - len(row.tokens) - 1  # the verified step adds one more
             drafts.append(draft_tokens(row.request.prompt + row.tokens, min(DRAFT_TOKENS, room)) if room > 0 else [])
-        width = min(len(draft) for draft in drafts)
-        return [draft[:width] for draft in drafts] if width else None
+        width = max(len(draft) for draft in drafts)
+        if not width:
+            return None
+        return [draft + [(draft or row.pending)[-1]] * (width - len(draft)) for row, draft in zip(self._rows, drafts)]
 
     def abort(self) -> list[Request]:
-        rows, self._rows, self._cache, self._mask = self._rows, [], None, None
+        rows, self._rows, self._store = self._rows, [], self.packed.new_store()
         self._release_retired()
         return [row.request for row in rows]
 
-    def _join(
-        self, rows: list[_Row], cache, mask: torch.Tensor, logits: torch.Tensor
-    ) -> list[tuple[Request, Generation]]:
-        """Sample each row's next token; finished rows leave, the others join the running batch."""
-        tokens, logprobs = self._sample(rows, logits)
-        return self._advance(rows, cache, mask, [[token] for token in tokens], [[logprob] for logprob in logprobs])
-
     @staticmethod
     def _sample(rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
-        """One token per row from ``logits`` ([rows, vocab]) with the row's own settings, on the CPU, where the
-        requests' seeded generators live."""
+        """One token per row of ``logits`` ([rows, vocab], row i for ``rows[i]``) with that row's own settings, on
+        the CPU, where the requests' seeded generators live."""
         return sample_next(
-            logits.cpu(),
+            logits,
             [row.request.params.temperature for row in rows],
             [row.request.params.top_p for row in rows],
             [row.request.generator for row in rows],
         )
 
-    def _advance(
-        self, rows: list[_Row], cache, mask: torch.Tensor, tokens: list[list[int]], logprobs: list[list[float]]
-    ) -> list[tuple[Request, Generation]]:
-        """Give each row its new tokens (the cache holds all but the last); finished rows leave, the others join the
-        running batch."""
-        finished, keep = [], []
-        for index, row in enumerate(rows):
-            for count, (token, logprob) in enumerate(zip(tokens[index], logprobs[index]), start=1):
-                row.tokens.append(token)
-                row.logprobs.append(logprob)
-                wanted = row.request.wants_more(token)
-                if not wanted or token in self.stop_token_ids or len(row.tokens) >= row.request.params.max_new_tokens:
-                    reason = "stop" if not wanted or token in self.stop_token_ids else "length"
-                    finished.append((row.request, Generation(row.tokens, row.logprobs, reason)))
-                    if self.continuation_cache_tokens:
-                        row_mask = mask[index].clone()
-                        row_mask[row_mask.shape[0] - (len(tokens[index]) - count) :] = 0  # columns past its end
-                        self._keep_continuation(row, cache, index, row_mask)
-                    break
-            else:
-                keep.append(index)
-        if keep:
-            if len(keep) < len(rows):
-                cache.batch_select_indices(torch.tensor(keep, device=mask.device))
-                mask = mask[keep]
-            self._merge([rows[index] for index in keep], cache, mask)
-        self._release_retired()
-        return finished
-
-    def _merge(self, rows: list[_Row], cache, mask: torch.Tensor) -> None:
-        """Add rows (with their cache and mask) to the running batch, right-aligned, trimming shared padding."""
-        if self._cache is not None:
-            width = max(self._mask.shape[1], mask.shape[1])
-            cache = roomy_cache(
-                [
-                    RoomyLayer.in_buffers(
-                        stack_right_aligned(ours.keys, theirs.keys, dim=2, room=ROOM),
-                        stack_right_aligned(ours.values, theirs.values, dim=2, room=ROOM),
-                        width,
-                    )
-                    for ours, theirs in zip(self._cache.layers, cache.layers)
-                ]
-            )
-            mask = stack_right_aligned(self._mask, mask, dim=1)
-        padding = int((mask.sum(dim=0) == 0).long().cumprod(dim=0).sum())  # columns empty in every row
-        if padding:
-            for layer in cache.layers:
-                layer.drop_left(padding)
-            mask = mask[:, padding:]
-        self._rows += rows
-        self._cache, self._mask = cache, mask
+    def _advance(self, row: _Row, picks: list[tuple[int, float]]) -> tuple[Generation | None, int]:
+        """Give the row its new tokens in order until one ends it: (its generation if it ended, tokens taken)."""
+        for count, (token, logprob) in enumerate(picks, start=1):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            wanted = row.request.wants_more(token)
+            if not wanted or token in self.stop_token_ids or len(row.tokens) >= row.request.params.max_new_tokens:
+                reason = "stop" if not wanted or token in self.stop_token_ids else "length"
+                return Generation(row.tokens, row.logprobs, reason), count
+        return None, len(picks)

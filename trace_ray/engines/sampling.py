@@ -6,20 +6,42 @@ nucleus when ``top_p < 1`` (what vLLM reports as ``processed_logprobs``, so
 both engines agree). With ``top_p == 1`` it is the temperature-scaled
 policy's log-prob over the whole vocabulary, which a trainer can recompute.
 Greedy rows (temperature 0) report the unscaled log-prob.
+
+A draw takes one uniform number from the row's generator and inverts the
+cumulative distribution (of the vocabulary, or of the nucleus in order of
+probability): a few passes over the vocabulary, where ``torch.multinomial``
+draws one exponential number per vocabulary entry (1 ms for SmolLM2's 49k
+tokens on this CPU) and a full sort for the nucleus took 3.4 ms a row. The
+nucleus comes from the ``NUCLEUS_CANDIDATES`` most likely tokens when they
+hold ``top_p`` of the mass, else from a full sort.
 """
 
 from __future__ import annotations
 
 import torch
 
+NUCLEUS_CANDIDATES = 256
+
 
 def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept probabilities, their token ids): the smallest most-likely set whose mass reaches ``top_p``."""
-    sorted_probs, token_ids = torch.sort(probs, descending=True)
+    """(kept probabilities, their token ids), most likely first: the smallest most-likely set whose mass reaches
+    ``top_p``."""
+    count = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    sorted_probs, token_ids = torch.topk(probs, count)
+    if count < probs.shape[-1] and float(sorted_probs.sum()) < top_p:  # the candidates fall short: all of them
+        sorted_probs, token_ids = torch.sort(probs, descending=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     keep = mass_before < top_p
     keep[0] = True
     return sorted_probs[keep], token_ids[keep]
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """The index drawn from ``probs`` (summing to about 1) with one uniform number: the first whose cumulative
+    mass passes it."""
+    cumulative = torch.cumsum(probs, dim=-1)
+    target = float(torch.rand((), generator=generator)) * float(cumulative[-1])
+    return min(int(torch.searchsorted(cumulative, torch.tensor([target]), right=True)), probs.shape[-1] - 1)
 
 
 def sample_next(
@@ -27,18 +49,21 @@ def sample_next(
 ) -> tuple[list[int], list[float]]:
     """One token and its log-prob per row of ``logits`` ([rows, vocab])."""
     logits = logits.float()
+    scales = torch.tensor([temperature if temperature > 0 else 1.0 for temperature in temperatures])
+    logprobs_all = torch.log_softmax(logits / scales[:, None], dim=-1)
     tokens, logprobs = [], []
     for row, (temperature, top_p, generator) in enumerate(zip(temperatures, top_ps, generators)):
+        row_logprobs = logprobs_all[row]
         if temperature == 0:
-            row_logprobs = torch.log_softmax(logits[row], dim=-1)
             token = int(torch.argmax(row_logprobs))
             logprob = float(row_logprobs[token])
+        elif top_p < 1:
+            kept, token_ids = nucleus(row_logprobs.exp(), top_p)
+            token = int(token_ids[draw(kept, generator)])
+            logprob = float(row_logprobs[token] - torch.log(kept.sum()))
         else:
-            row_logprobs = torch.log_softmax(logits[row] / temperature, dim=-1)
-            kept, token_ids = nucleus(row_logprobs.exp(), top_p) if top_p < 1 else (row_logprobs.exp(), None)
-            choice = int(torch.multinomial(kept, 1, generator=generator))
-            token = choice if token_ids is None else int(token_ids[choice])
-            logprob = float(row_logprobs[token] - (torch.log(kept.sum()) if top_p < 1 else 0.0))
+            token = draw(row_logprobs.exp(), generator)
+            logprob = float(row_logprobs[token])
         tokens.append(token)
         logprobs.append(logprob)
     return tokens, logprobs

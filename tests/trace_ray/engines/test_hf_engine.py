@@ -131,7 +131,7 @@ def test_a_prefix_shared_with_the_previous_whole_prompt_is_taken_from_its_kv_not
     monkeypatch.setattr(
         engine,
         "_forward",
-        lambda names, **inputs: widths.append(inputs["input_ids"].shape[1]) or forward(names, **inputs),
+        lambda store, step, names: widths.append(max(map(len, step.tokens))) or forward(store, step, names),
     )
     shared = engine.generate(rest, greedy)
     ((_, prefix),) = engine._prefix_caches
@@ -139,27 +139,6 @@ def test_a_prefix_shared_with_the_previous_whole_prompt_is_taken_from_its_kv_not
     plain = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate(rest, greedy)
     assert [g.token_ids for g in shared] == [g.token_ids for g in plain]
     assert torch.allclose(torch.tensor(shared[0].logprobs), torch.tensor(plain[0].logprobs), atol=1e-4)
-
-
-def test_grouped_cpu_attention_matches_transformers_sdpa_with_padding():
-    from tests.conftest import model_config
-    from trace_ray.engines.cpu_attention import use_grouped_attention
-    from trace_ray.models import load_model
-
-    network, _ = load_model(model_config("tiny_random"))
-    assert network.config.num_key_value_heads < network.config.num_attention_heads  # grouped heads to get right
-    ids = torch.randint(0, 1000, (3, 12))
-    mask = torch.ones_like(ids)
-    mask[0, :5] = 0  # left padding
-    mask[1, 3:6] = 0  # padding in the middle, as between a cached prefix and a suffix
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        reference = network(ids, attention_mask=mask, position_ids=positions).logits
-        use_grouped_attention(network)
-        assert network.config._attn_implementation == "sdpa_grouped"
-        grouped = network(ids, attention_mask=mask, position_ids=positions).logits
-    real = mask.bool()
-    assert torch.allclose(grouped[real], reference[real], atol=1e-5)
 
 
 def wait_until(started, timeout_s=30):
@@ -189,7 +168,7 @@ def test_a_request_joining_a_running_batch_generates_what_it_would_alone(tiny_mo
     alone_short = engine.generate([short_prompt], replace(params, max_new_tokens=20))[0]
     assert first.token_ids == alone_long.token_ids and joined.token_ids == alone_short.token_ids
     assert torch.allclose(torch.tensor(joined.logprobs), torch.tensor(alone_short.logprobs), atol=1e-4)
-    assert engine._rows == [] and engine._cache is None  # the batch is empty again
+    assert engine._rows == [] and engine._store.rows == 0  # the batch is empty again
 
 
 def test_close_finishes_what_was_submitted_then_stops_its_thread_and_frees_the_engine(tiny_model):
@@ -245,9 +224,7 @@ def test_next_turn_reuses_the_finished_generation_cache_with_the_same_results(ti
     )
     prefills = []
     forward = engine._forward
-    engine._forward = lambda names, **inputs: (prefills.append(inputs["input_ids"].shape[1]), forward(names, **inputs))[
-        1
-    ]
+    engine._forward = lambda store, step, names: prefills.append(len(step.tokens[0])) or forward(store, step, names)
     [second] = engine.generate([next_prompt], params)
     assert prefills[0] == len(next_prompt) - len(kept)  # only the new tokens were prefilled
     [fresh] = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate([next_prompt], params)
@@ -288,7 +265,7 @@ def test_small_greedy_batches_verify_drafts_and_give_the_tokens_of_one_token_ste
     engine = HFEngine(network, tokenizer, continuation_cache_tokens=0)
     passes = []
     forward = engine._forward
-    monkeypatch.setattr(engine, "_forward", lambda names, **inputs: passes.append(1) or forward(names, **inputs))
+    monkeypatch.setattr(engine, "_forward", lambda store, step, names: passes.append(1) or forward(store, step, names))
     drafted = engine.generate(prompts, greedy)
     monkeypatch.setattr("trace_ray.engines.hf.SPECULATIVE_ROWS", 0)
     stepped = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate(prompts, greedy)

@@ -101,6 +101,23 @@ def main() -> None:
     report(before, after, faster(rounds["vllm_cpu"]) if args.vllm_cpu else None, args)
 
 
+def split(side: dict) -> list[str]:
+    evaluation = side["evaluation"]
+    engine = evaluation["prefill_s"] + evaluation["decode_s"]
+    return [
+        f"{value:.2f}"
+        for value in (
+            evaluation["seconds"],
+            evaluation["prefill_s"],
+            evaluation["decode_s"],
+            evaluation["sampling_s"],
+            evaluation["seconds"] - engine,
+            evaluation["env_s"],
+            evaluation["render_s"],
+        )
+    ]
+
+
 def report(before: dict, after: dict, vllm_cpu: dict | None, args) -> None:
     from transformers import AutoConfig
 
@@ -154,6 +171,21 @@ def report(before: dict, after: dict, vllm_cpu: dict | None, args) -> None:
             ("ratio", f"{speedup:.2f}", "", "", "", "", f"{rollout_speedup:.2f}", ""),
             *([("today, engine=vllm_cpu", *figures(vllm_cpu))] if vllm_cpu else []),
         ],
+    )
+    print_table(
+        "where the evaluation's time goes, s (environment steps and prompt rendering run on the rollout threads, "
+        "beside the engine)",
+        [
+            "path",
+            "wall",
+            "engine prefill",
+            "engine decode",
+            "of which sampling",
+            "engine idle",
+            "environment steps",
+            "prompt rendering",
+        ],
+        [(f"baseline {args.baseline}", *split(before)), ("today", *split(after))],
     )
     if vllm_cpu:
         rewards, tokens = differing(before, vllm_cpu, "evaluation")

@@ -20,7 +20,7 @@ import time
 
 from trace_ray.agent_prompt import AgentPrompt
 from trace_ray.config_compose import compose_config
-from trace_ray.engines import SamplingParams, make_engine
+from trace_ray.engines import SamplingParams, hf, make_engine
 from trace_ray.engines.hf import HFEngine
 from trace_ray.environment_setup import environment_maker
 from trace_ray.rollout_loop import LocalBackend, benchmark_tasks, run_rollouts
@@ -30,27 +30,35 @@ GROUP = 4  # samples of each task, as in a GRPO group
 
 
 class StepClock:
-    """Times the engine's prefill and decode, and the rows of each decode step.
+    """Where an evaluation's time goes: the engine's prefill and decode (and sampling within them), the rows of each
+    decode step, and, on the rollout threads beside the engine, environment steps and prompt rendering.
 
     Engines that prefill in ``admit`` (before the packed forward) count ``admit`` as prefill and every ``step``
     as decode; the packed engine prefills joining rows inside ``step``, so a step with a row that has more than
     one pending token and no draft counts as prefill there."""
 
     def __init__(self):
-        self.prefill_s = 0.0
-        self.decode_s = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.prefill_s = self.decode_s = self.sampling_s = self.env_s = self.render_s = 0.0
         self.steps: list[tuple[int, float]] = []  # (rows, seconds) of each decode step
 
-    def install(self) -> None:
-        admit, step = HFEngine.admit, HFEngine.step
+    def timed(self, function, field: str):
         clock = self
 
-        def timed_admit(engine, requests):
+        def wrapper(*args, **kwargs):
             started = time.perf_counter()
             try:
-                return admit(engine, requests)
+                return function(*args, **kwargs)
             finally:
-                clock.prefill_s += time.perf_counter() - started
+                setattr(clock, field, getattr(clock, field) + time.perf_counter() - started)
+
+        return wrapper
+
+    def install(self, environment_class) -> None:
+        step = HFEngine.step
+        clock = self
 
         def timed_step(engine):
             rows, started = len(engine._rows), time.perf_counter()
@@ -65,10 +73,12 @@ class StepClock:
                     clock.decode_s += seconds
                     clock.steps.append((rows, seconds))
 
-        HFEngine.admit, HFEngine.step = timed_admit, timed_step
-
-    def reset(self) -> None:
-        self.prefill_s, self.decode_s, self.steps = 0.0, 0.0, []
+        HFEngine.admit = self.timed(HFEngine.admit, "prefill_s")
+        HFEngine.step = timed_step
+        hf.sample_next = self.timed(hf.sample_next, "sampling_s")
+        environment_class.reset = self.timed(environment_class.reset, "env_s")
+        environment_class.step = self.timed(environment_class.step, "env_s")
+        AgentPrompt.prompt_ids = self.timed(AgentPrompt.prompt_ids, "render_s")
 
 
 def play(tasks, make_env, engine, prompt, params, batch_size, config, clock):
@@ -92,6 +102,9 @@ def play(tasks, make_env, engine, prompt, params, batch_size, config, clock):
         "record_tokens": sum(len(result.record.token_ids) for result in results),
         "prefill_s": clock.prefill_s,
         "decode_s": clock.decode_s,
+        "sampling_s": clock.sampling_s,
+        "env_s": clock.env_s,
+        "render_s": clock.render_s,
         "decode_steps": len(clock.steps),
         "mean_rows": sum(rows for rows, _ in clock.steps) / max(len(clock.steps), 1),
         "rewards": {result.key: result.reward for result in results},
@@ -109,7 +122,7 @@ def main() -> None:
     engine = make_engine(config.model, config.engine)
     prompt = AgentPrompt.for_model(config.model, engine.tokenizer)
     clock = StepClock()
-    clock.install()
+    clock.install(type(env))
     sampling = config.model.sampling
     greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=sampling.max_new_tokens)
     report = {

@@ -4,7 +4,8 @@ Builds one batch as the evidence run trains it (``budget=evidence``: 2 groups of
 environment's real first-turn prompts, ~800 tokens, LoRA rank 8, gradient checkpointing on; completions from the
 HF engine; rewards by completion length so every group is informative), then:
   - counts the update's FLOPs with torch's ``FlopCounterMode`` (every matrix product and attention kernel of
-    the forward, the backward through the frozen base and the LoRA weights, and checkpointing's recompute);
+    the forward, the backward through the frozen base and the LoRA weights, and checkpointing's recompute), and
+    those of one forward of the same rows, to split them;
   - times ``update()`` (``trace_ray/training/grpo_iteration.py``) ``--repeats`` times on the same batch, from the
     same starting weights, and keeps the fastest;
   - measures this machine's fp32 matrix peak at the model's shapes (``benchmarks/roofline.py``) and prints the
@@ -85,6 +86,12 @@ def main() -> None:
     with FlopCounterMode(display=False) as counter:
         one_update()
     flops = counter.get_total_flops()
+    from trace_ray.training.grpo_iteration import scored_row
+
+    with FlopCounterMode(display=False) as counter, torch.no_grad():  # one forward of the same rows
+        ActionLogprobs(policy, grpo.temperature)([scored_row(row) for row in rows], shared_prefix=grpo.shared_prefix)
+    forward = counter.get_total_flops()
+    recompute = forward if config.trainer.gradient_checkpointing else 0
     seconds, metrics = min((one_update() for _ in range(args.repeats)), key=lambda timed: timed[0])
     shape = ModelShape.of(AutoConfig.from_pretrained(model_folder(config.model)))
     machine = measure(shape)
@@ -106,8 +113,10 @@ def main() -> None:
             )
         ],
     )
-    weights = 2 * shape.weight_count * metrics["forward_tokens"] / 1e9
-    print(f"2 x weights x forward tokens = {weights:.1f} GFLOP (one forward's linear layers)")
+    print(
+        f"split: forward {forward / 1e9:.1f} GFLOP, checkpointing's recompute {recompute / 1e9:.1f}, backward "
+        f"through the frozen base and the LoRA weights {(flops - forward - recompute) / 1e9:.1f}"
+    )
 
 
 if __name__ == "__main__":

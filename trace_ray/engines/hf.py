@@ -39,7 +39,7 @@ import torch
 from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation
 from trace_ray.engines.cpu_linear import use_packed_linears
 from trace_ray.engines.engine_loop import LoopedEngine, Request
-from trace_ray.engines.kv_store import RowKV, SharedPrefix
+from trace_ray.engines.kv_store import RowKV, SharedPrefix, prefix_length
 from trace_ray.engines.packed_model import PackedModel, Step
 from trace_ray.engines.sampling import sample_next
 
@@ -224,15 +224,15 @@ class HFEngine(LoopedEngine):
                 continue
             continued = self._continuation(request.adapter, request.prompt)
             if continued:
-                self._store.add(continued.prefix, continued.used, continued.own)
+                self._store.add(continued.prefix, continued.own)
                 self._rows.append(_Row(request, peft_name, request.prompt[continued.length :]))
             else:
                 fresh.setdefault(request.adapter, []).append(request)
         for adapter, group in fresh.items():
             peft_name = self._peft_name(adapter)
-            for request, (prefix, used) in zip(group, self._cached_prefixes(adapter, peft_name, group)):
-                self._store.add(prefix, used)
-                self._rows.append(_Row(request, peft_name, request.prompt[used:]))
+            for request, prefix in zip(group, self._cached_prefixes(adapter, peft_name, group)):
+                self._store.add(prefix)
+                self._rows.append(_Row(request, peft_name, request.prompt[prefix_length(prefix) :]))
         return ended
 
     def _continuation(self, adapter: AdapterRef | None, prompt: list[int]) -> RowKV | None:
@@ -266,44 +266,64 @@ class HFEngine(LoopedEngine):
 
     def _cached_prefixes(
         self, adapter: AdapterRef | None, peft_name: str | None, requests: list[Request]
-    ) -> list[tuple[SharedPrefix | None, int]]:
-        """Each fresh prompt's stored prefix and how many of its tokens the prompt starts with ((None, 0): none).
+    ) -> list[SharedPrefix | None]:
+        """The shared prefix each fresh prompt starts with (None: none), all of it (one of the prompt's own length
+        at most, less one token).
 
-        A prompt that matches no stored prefix may share one with a row prefilled with none (running, or its
-        finished turn kept): that row's keys and values make the prefix, and the row starts with it from then on.
-        Prompts left without one that share at least ``MIN_CACHED_PREFIX`` tokens among themselves get it
-        prefilled once, here. Every prefix made is stored for the prompts that follow."""
-        found: list[tuple[SharedPrefix | None, int]] = []
-        for request in requests:
-            best: tuple[SharedPrefix | None, int] = (None, 0)
-            for (cached_adapter, tokens), prefix in self._prefix_caches.items():
-                if cached_adapter == adapter:
-                    used = min(common_prefix_length([tokens, request.prompt]), len(request.prompt) - 1)
-                    if used >= MIN_CACHED_PREFIX and used > best[1]:
-                        best = (prefix, used)
-            if best[0] is not None:
-                self._prefix_caches.move_to_end((adapter, best[0].tokens))
-            else:
-                best = self._prefix_from_unshared(adapter, request.prompt)
-            found.append(best)
-        alone = [index for index, (prefix, _) in enumerate(found) if prefix is None]
+        The longest stored prefix a prompt begins with serves it: the part the prompt matches, as a prefix of its
+        own (copied from the stored one). Else the start it shares with a row prefilled with none (running, or
+        its finished turn kept) becomes one, from that row's keys and values, and the row starts with it too.
+        Prompts admitted together start with one prefix where they can (the start their prefixes share): each
+        prefix is a separate pass of attention. Prompts left without one that share at least
+        ``MIN_CACHED_PREFIX`` tokens among themselves get it prefilled once, here. Every prefix made is stored for
+        the prompts that follow."""
+        found = [self._stored_prefix(adapter, request.prompt) for request in requests]
+        distinct = {id(prefix): prefix for prefix in found if prefix is not None}
+        if len(distinct) > 1:
+            length = common_prefix_length([prefix.tokens for prefix in distinct.values()])
+            if length >= MIN_CACHED_PREFIX:
+                common = self._cut(adapter, next(iter(distinct.values())), length)
+                found = [None if prefix is None else common for prefix in found]
+        alone = [index for index, prefix in enumerate(found) if prefix is None]
         if len(alone) > 1:
             prompts = [requests[index].prompt for index in alone]
             shared = min(common_prefix_length(prompts), min(len(prompt) for prompt in prompts) - 1)
             if shared >= MIN_CACHED_PREFIX:
-                prefix = self._prefill_prefix(tuple(prompts[0][:shared]), peft_name)
-                self._remember_prefix(adapter, prefix)
+                prefix = self._prefill_prefix(adapter, peft_name, tuple(prompts[0][:shared]))
                 for index in alone:
-                    found[index] = (prefix, shared)
+                    found[index] = prefix
         return found
 
-    def _prefix_from_unshared(self, adapter: AdapterRef | None, prompt: list[int]) -> tuple[SharedPrefix | None, int]:
+    def _stored_prefix(self, adapter: AdapterRef | None, prompt: list[int]) -> SharedPrefix | None:
+        """The stored prefix of this adapter that covers most of ``prompt`` (at least ``MIN_CACHED_PREFIX`` tokens, at
+        most all but its last), cut to the tokens the prompt matches; else one made from a row prefilled with none
+        (:meth:`_prefix_from_unshared`); else None."""
+        best, best_length = None, MIN_CACHED_PREFIX - 1
+        for (cached_adapter, tokens), prefix in self._prefix_caches.items():
+            if cached_adapter == adapter:
+                length = min(common_prefix_length([tokens, prompt]), len(prompt) - 1)
+                if length > best_length:
+                    best, best_length = prefix, length
+        if best is None:
+            return self._prefix_from_unshared(adapter, prompt)
+        return self._cut(adapter, best, best_length)
+
+    def _cut(self, adapter: AdapterRef | None, prefix: SharedPrefix, length: int) -> SharedPrefix:
+        """The stored prefix of ``prefix``'s first ``length`` tokens, made (copied from it) if not stored yet."""
+        key = (adapter, prefix.tokens[:length])
+        if key not in self._prefix_caches:
+            self._remember_prefix(adapter, prefix if length == len(prefix.tokens) else prefix.first(length))
+        self._prefix_caches.move_to_end(key)
+        return self._prefix_caches[key]
+
+    def _prefix_from_unshared(self, adapter: AdapterRef | None, prompt: list[int]) -> SharedPrefix | None:
         """The longest prefix (of at least ``MIN_CACHED_PREFIX`` tokens) ``prompt`` shares with a row of this adapter
-        that starts with no shared prefix, made from that row's keys and values; (None, 0) if there is none."""
+        that starts with no shared prefix, made from that row's keys and values (the row starts with it from now
+        on); None if there is none."""
         limit = len(prompt) - 1
         best, best_length = None, MIN_CACHED_PREFIX - 1
         for index, row in enumerate(self._rows):
-            if row.request.adapter == adapter and self._store.prefixes[index][0] is None:
+            if row.request.adapter == adapter and self._store.prefixes[index] is None:
                 known = row.request.prompt + row.tokens  # the row's tokens whose keys and values are stored
                 length = min(common_prefix_length([known[: self._store.lengths[index]], prompt]), limit)
                 if length > best_length:
@@ -314,7 +334,7 @@ class HFEngine(LoopedEngine):
                 if length > best_length:
                     best, best_length = ("finished", key), length
         if best is None:
-            return None, 0
+            return None
         tokens = tuple(prompt[:best_length])
         kind, where = best
         if kind == "running":
@@ -322,18 +342,22 @@ class HFEngine(LoopedEngine):
         else:
             kv = self._continuations[where]
             prefix = SharedPrefix(tokens, kv.own[:, :, :, : len(tokens)].clone())
-            self._continuations[where] = RowKV(prefix, len(tokens), kv.own[:, :, :, len(tokens) :].clone())
+            self._continuations[where] = RowKV(prefix, kv.own[:, :, :, len(tokens) :].clone())
             self._continuation_tokens -= len(tokens)
         self._remember_prefix(adapter, prefix)
-        return prefix, len(tokens)
+        return prefix
 
-    def _prefill_prefix(self, tokens: tuple[int, ...], peft_name: str | None) -> SharedPrefix:
-        """Keys and values of ``tokens``, computed in a store of their own."""
+    def _prefill_prefix(
+        self, adapter: AdapterRef | None, peft_name: str | None, tokens: tuple[int, ...]
+    ) -> SharedPrefix:
+        """The shared prefix of ``tokens``, stored: their keys and values computed in a store of their own."""
         store = self.packed.new_store()
         store.add()
         self._forward(store, Step([list(tokens)], [False]), [peft_name])
         store.grow(0, len(tokens))
-        return store.share(0, tokens)
+        prefix = store.share(0, tokens)
+        self._remember_prefix(adapter, prefix)
+        return prefix
 
     @torch.no_grad()
     def step(self) -> list[tuple[Request, Generation]]:

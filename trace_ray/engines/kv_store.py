@@ -26,21 +26,30 @@ ROOM = 64  # spare columns a slot gets at least when the store grows (it grows b
 
 @dataclass(eq=False)
 class SharedPrefix:
+    """Tokens a row starts with, all of them (a row never uses part of a prefix), and their keys and values."""
+
     tokens: tuple[int, ...]
     kv: torch.Tensor  # [layers, 2, kv_heads, len(tokens), head_dim]
+
+    def first(self, count: int) -> SharedPrefix:
+        """A prefix of this one's first ``count`` tokens (its keys and values copied: nothing recomputed)."""
+        return SharedPrefix(self.tokens[:count], self.kv[:, :, :, :count].clone())
+
+
+def prefix_length(prefix: SharedPrefix | None) -> int:
+    return 0 if prefix is None else len(prefix.tokens)
 
 
 @dataclass(eq=False)
 class RowKV:
-    """A row's keys and values outside the store: the prefix it uses and its own tokens' (a finished turn)."""
+    """A row's keys and values outside the store: the prefix it starts with and its own tokens' (a finished turn)."""
 
     prefix: SharedPrefix | None
-    used: int  # leading tokens of ``prefix`` the row starts with
     own: torch.Tensor  # [layers, 2, kv_heads, own tokens, head_dim]
 
     @property
     def length(self) -> int:
-        return self.used + self.own.shape[3]
+        return prefix_length(self.prefix) + self.own.shape[3]
 
 
 class SlotStore:
@@ -51,7 +60,7 @@ class SlotStore:
         self.dtype, self.device = dtype, device
         self.kv = torch.empty((layers, 2, 0, kv_heads, 0, head_dim), dtype=dtype, device=device)
         self.lengths: list[int] = []  # own tokens of each row
-        self.prefixes: list[tuple[SharedPrefix | None, int]] = []  # each row's prefix and how much of it it uses
+        self.prefixes: list[SharedPrefix | None] = []  # the prefix each row starts with
 
     @property
     def rows(self) -> int:
@@ -59,15 +68,15 @@ class SlotStore:
 
     def position(self, row: int) -> int:
         """The position of the row's next token."""
-        return self.prefixes[row][1] + self.lengths[row]
+        return prefix_length(self.prefixes[row]) + self.lengths[row]
 
-    def add(self, prefix: SharedPrefix | None = None, used: int = 0, own: torch.Tensor | None = None) -> int:
-        """A new row at the end, starting with ``used`` tokens of ``prefix`` and then ``own``'s keys and values
-        ([layers, 2, kv_heads, tokens, head_dim]; None: none yet); returns its index."""
+    def add(self, prefix: SharedPrefix | None = None, own: torch.Tensor | None = None) -> int:
+        """A new row at the end, starting with ``prefix`` and then ``own``'s keys and values ([layers, 2, kv_heads,
+        tokens, head_dim]; None: none yet); returns its index."""
         row = self.rows
         count = 0 if own is None else own.shape[3]
         self.lengths.append(0)
-        self.prefixes.append((prefix, used))
+        self.prefixes.append(prefix)
         self.reserve([count if index == row else 0 for index in range(self.rows)])
         if count:
             self.kv[:, :, row, :, :count] = own
@@ -103,21 +112,20 @@ class SlotStore:
 
     def take(self, row: int, length: int | None = None) -> RowKV:
         """A copy of the row's prefix use and its first ``length`` own tokens (all: None)."""
-        prefix, used = self.prefixes[row]
         own = self.lengths[row] if length is None else length
-        return RowKV(prefix, used, self.kv[:, :, row, :, :own].clone())
+        return RowKV(self.prefixes[row], self.kv[:, :, row, :, :own].clone())
 
     def share(self, row: int, tokens: tuple[int, ...]) -> SharedPrefix:
-        """Move a row without a prefix onto one made of its own first ``len(tokens)`` tokens (whose token ids are
-        ``tokens``); its own part keeps the tokens after them."""
-        assert self.prefixes[row][0] is None, "the row already starts with a shared prefix"
+        """Move a row that starts with no prefix onto one made of its own first ``len(tokens)`` tokens (whose token
+        ids are ``tokens``); its own part keeps the tokens after them."""
+        assert self.prefixes[row] is None, "the row already starts with a shared prefix"
         count = len(tokens)
         prefix = SharedPrefix(tokens, self.kv[:, :, row, :, :count].clone())
         rest = self.lengths[row] - count
         if rest:
             self.kv[:, :, row, :, :rest] = self.kv[:, :, row, :, count : count + rest].clone()
         self.lengths[row] = rest
-        self.prefixes[row] = (prefix, count)
+        self.prefixes[row] = prefix
         return prefix
 
     def keep(self, rows: list[int]) -> None:
@@ -132,14 +140,11 @@ class SlotStore:
 
 @dataclass
 class PrefixBlock:
-    """The rows of a group that start with ``prefix`` (their indices within the group), and, when some use only part
-    of it, an additive mask ([1, 1, rows * heads_per_kv * width, prefix length]: 0 where a query may look, -inf past
-    the tokens its row uses)."""
+    """The rows of a group that start with ``prefix``: their indices within the group, and how many."""
 
     prefix: SharedPrefix
     rows: torch.Tensor
     count: int
-    mask: torch.Tensor | None
 
 
 @dataclass
@@ -157,7 +162,7 @@ class Group:
 
 
 def plan_groups(store: SlotStore, widths: list[int], heads_per_kv: int, device: torch.device) -> list[Group]:
-    """Split the batch into runs of consecutive rows with the same number of new tokens, each with its masks (row
+    """Split the batch into runs of consecutive rows with the same number of new tokens, each with its mask (row
     ``i`` writes its ``widths[i]`` new tokens after its ``store.lengths[i]`` own ones)."""
     groups, first = [], 0
     while first < len(widths):
@@ -169,32 +174,21 @@ def plan_groups(store: SlotStore, widths: list[int], heads_per_kv: int, device: 
     return groups
 
 
-def _additive(allowed: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, float("-inf"))
-
-
 def _group(store: SlotStore, first: int, end: int, width: int, heads_per_kv: int, device: torch.device) -> Group:
     lengths = torch.tensor(store.lengths[first:end])
     own_width = int(lengths.max()) + width
     # token j of a row sees its own columns up to its own position: column c <= length + j
     allowed = torch.arange(own_width)[None, None, :] <= (lengths[:, None] + torch.arange(width)[None, :])[:, :, None]
-    mask = _additive(allowed)[:, None].expand(-1, heads_per_kv, -1, -1)
+    mask = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))[:, None].expand(-1, heads_per_kv, -1, -1)
     mask = mask.reshape(end - first, 1, heads_per_kv * width, own_width)
     members: dict[int, list[int]] = {}
+    prefixes: dict[int, SharedPrefix] = {}
     for index in range(end - first):
-        prefix, _ = store.prefixes[first + index]
+        prefix = store.prefixes[first + index]
         if prefix is not None:
             members.setdefault(id(prefix), []).append(index)
-    blocks = []
-    for rows in members.values():
-        prefix = store.prefixes[first + rows[0]][0]
-        used = torch.tensor([store.prefixes[first + index][1] for index in rows])
-        block_mask = None
-        if bool((used < len(prefix.tokens)).any()):
-            visible = torch.arange(len(prefix.tokens))[None, :] < used[:, None]
-            queries = _additive(visible)[:, None].expand(-1, heads_per_kv * width, -1)
-            block_mask = queries.reshape(1, 1, len(rows) * heads_per_kv * width, len(prefix.tokens)).to(device)
-        blocks.append(PrefixBlock(prefix, torch.tensor(rows, device=device), len(rows), block_mask))
+            prefixes[id(prefix)] = prefix
+    blocks = [PrefixBlock(prefixes[key], torch.tensor(rows, device=device), len(rows)) for key, rows in members.items()]
     return Group(first, end - first, width, own_width, blocks, mask.to(device))
 
 
@@ -228,23 +222,25 @@ def attend(store: SlotStore, layer: int, group: Group, queries: torch.Tensor, sc
     count, width = group.count, group.width
     kv_heads, head_dim = store.shape[2], store.shape[3]
     per_kv = queries.shape[1] // kv_heads
-    # [count, kv_heads, per_kv * width, head_dim]: query head h reads KV head h // per_kv
+    # [count, kv_heads, per_kv * width, head_dim]: query head h reads KV head h // per_kv (a view at width 1)
     q = queries.view(count, width, kv_heads, per_kv, head_dim).permute(0, 2, 3, 1, 4)
     q = q.reshape(count, kv_heads, per_kv * width, head_dim)
     own = store.kv[layer, :, group.first : group.first + count, :, : group.own_width]
     output, log_sum = attention_part(q, own[0], own[1], group.mask, scaling)
-    for block in group.prefixes:
+    for position, block in enumerate(group.prefixes):
         every = block.count == count
         part = q if every else q[block.rows]
         flat = part.transpose(0, 1).reshape(1, kv_heads, block.count * per_kv * width, head_dim)
         prefix = block.prefix.kv[layer, :, None]  # [2, 1, kv_heads, length, head_dim]
-        block_output, block_log_sum = attention_part(flat, prefix[0], prefix[1], block.mask, scaling)
+        block_output, block_log_sum = attention_part(flat, prefix[0], prefix[1], None, scaling)
         shape = (kv_heads, block.count, per_kv * width, -1)
         block_output = block_output.view(shape).transpose(0, 1)
         block_log_sum = block_log_sum.view(shape).transpose(0, 1)
         mine, mine_log_sum = (output, log_sum) if every else (output[block.rows], log_sum[block.rows])
-        total = torch.logaddexp(mine_log_sum, block_log_sum)
-        merged = mine * torch.exp(mine_log_sum - total) + block_output * torch.exp(block_log_sum - total)
+        # the block's share of the merged softmax: e^b / (e^a + e^b)
+        merged = torch.lerp(mine, block_output, torch.sigmoid(block_log_sum - mine_log_sum))
+        last = position == len(group.prefixes) - 1
+        total = mine_log_sum if last else torch.logaddexp(mine_log_sum, block_log_sum)  # needed by a next block
         if every:
             output, log_sum = merged, total
         else:
@@ -253,7 +249,10 @@ def attend(store: SlotStore, layer: int, group: Group, queries: torch.Tensor, sc
 
 
 def _token_major(output: torch.Tensor, width: int, per_kv: int) -> torch.Tensor:
-    """[count, kv_heads, per_kv * width, head_dim] -> [count * width, heads, head_dim] (row, then token)."""
+    """[count, kv_heads, per_kv * width, head_dim] -> [count * width, heads, head_dim] (row, then token; a view at
+    width 1)."""
     count, kv_heads, _, head_dim = output.shape
+    if width == 1:
+        return output.reshape(count, kv_heads * per_kv, head_dim)
     output = output.view(count, kv_heads, per_kv, width, head_dim).permute(0, 3, 1, 2, 4)
     return output.reshape(count * width, kv_heads * per_kv, head_dim)

@@ -56,6 +56,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for the model's RMS norm; in float32 torch's own op, which gives the same numbers in fewer
+    steps (in other dtypes the module casts to float32 and back, which the op does not)."""
+    if x.dtype == torch.float32:
+        return torch.nn.functional.rms_norm(x, x.shape[-1:], module.weight, module.variance_epsilon)
+    return module(x)
+
+
 class PackedModel:
     """A causal LM's forward over packed new tokens, keeping keys and values in a :class:`SlotStore`."""
 
@@ -127,14 +135,14 @@ class PackedModel:
         hidden = model.embed_tokens(flat)
         for index, layer in enumerate(model.layers):
             attention = layer.self_attn
-            normed = layer.input_layernorm(hidden)
+            normed = rms_norm(layer.input_layernorm, hidden)
             queries = project(attention.q_proj, normed).view(len(flat), self.heads, self.head_dim)
             keys = project(attention.k_proj, normed).view(len(flat), self.kv_heads, self.head_dim)
             values = project(attention.v_proj, normed).view(len(flat), self.kv_heads, self.head_dim)
             if hasattr(attention, "q_norm"):
                 queries, keys = attention.q_norm(queries), attention.k_norm(keys)
-            queries = queries * cos + rotate_half(queries) * sin
-            keys = keys * cos + rotate_half(keys) * sin
+            both = torch.cat([queries, keys], dim=1)  # the rotary embedding of queries and keys in one go
+            queries, keys = (both * cos + rotate_half(both) * sin).split([self.heads, self.kv_heads], dim=1)
             store.write(index, rows_t, columns_t, keys, values)
             if len(groups) == 1:
                 mixed = attend(store, index, groups[0], queries, attention.scaling)
@@ -146,8 +154,8 @@ class PackedModel:
                     ]
                 )
             hidden = hidden + project(attention.o_proj, mixed.reshape(len(flat), -1))
-            normed = layer.post_attention_layernorm(hidden)
+            normed = rms_norm(layer.post_attention_layernorm, hidden)
             mlp = layer.mlp
             gated = mlp.act_fn(project(mlp.gate_proj, normed)) * project(mlp.up_proj, normed)
             hidden = hidden + project(mlp.down_proj, gated)
-        return self.model.lm_head(model.norm(hidden[torch.tensor(wanted, device=device)]))
+        return self.model.lm_head(rms_norm(model.norm, hidden[torch.tensor(wanted, device=device)]))

@@ -29,7 +29,17 @@ def test_a_shared_prompt_becomes_a_prefix_and_the_row_keeps_what_follows_it():
     store.add(own=own(6, 0))
     prefix = store.share(0, (1, 2, 3, 4))
     assert prefix.tokens == (1, 2, 3, 4) and torch.equal(prefix.kv, own(6, 0)[:, :, :, :4])
-    assert store.prefixes == [(prefix, 4)] and store.lengths == [2] and store.position(0) == 6
+    assert store.prefixes == [prefix] and store.lengths == [2] and store.position(0) == 6
     assert torch.equal(store.take(0).own, own(6, 0)[:, :, :, 4:])
     kept = store.take(0)
     assert kept.prefix is prefix and kept.length == 6
+
+
+def test_the_first_tokens_of_a_prefix_are_a_prefix_of_their_own_copied_not_shared():
+    store = SlotStore(layers=2, kv_heads=1, head_dim=3, dtype=torch.float32, device=torch.device("cpu"))
+    store.add(own=own(4, 0))
+    prefix = store.share(0, (1, 2, 3))
+    start = prefix.first(2)
+    assert start.tokens == (1, 2) and torch.equal(start.kv, prefix.kv[:, :, :, :2])
+    start.kv.zero_()
+    assert prefix.kv.abs().sum() > 0  # a copy

@@ -18,7 +18,7 @@ def random_tokens(generator: torch.Generator, count: int) -> list[int]:
     return torch.randint(10, 1000, (count,), generator=generator).tolist()
 
 
-def test_rows_with_a_whole_a_partial_or_no_shared_prefix_get_the_models_own_logits(tiny_model):
+def test_rows_with_a_prefix_a_copied_part_of_it_or_none_get_the_models_own_logits(tiny_model):
     network, _ = tiny_model
     generator = torch.Generator().manual_seed(0)
     packed = PackedModel(network)
@@ -29,12 +29,12 @@ def test_rows_with_a_whole_a_partial_or_no_shared_prefix_get_the_models_own_logi
     assert torch.allclose(logits, reference_logits(network, prefix_tokens), atol=1e-5)
     store.grow(0, len(prefix_tokens))
     prefix = store.share(0, tuple(prefix_tokens))
-    assert store.lengths == [0] and store.prefixes == [(prefix, 40)]
+    assert store.lengths == [0] and store.prefixes == [prefix]
     store.keep([])
     sequences = [prefix_tokens + random_tokens(generator, 7), prefix_tokens[:30] + random_tokens(generator, 12)]
     sequences.append(random_tokens(generator, 9))
-    for used in (40, 30, 0):
-        store.add(prefix if used else None, used)
+    for start in (prefix, prefix.first(30), None):  # the first 30 tokens' keys and values copied, not recomputed
+        store.add(start)
     logits = packed.forward(store, Step([sequences[0][40:], sequences[1][30:], sequences[2]], [True, False, True]))
     assert torch.allclose(logits[:7], reference_logits(network, sequences[0])[40:], atol=1e-5)
     assert torch.allclose(logits[7], reference_logits(network, sequences[1])[-1], atol=1e-5)  # its last token only
@@ -96,3 +96,32 @@ def test_models_outside_the_llama_family_are_refused_in_one_line():
     with pytest.raises(TraceRayError, match="sliding-window"):
         check_supported(Qwen2Config(use_sliding_window=True, sliding_window=64))
     check_supported(Qwen2Config(use_sliding_window=False))
+
+
+def test_rows_of_two_prefixes_in_one_batch_each_read_their_own(tiny_model):
+    """Rows that start with different prefixes (another adapter's, another prompt's) step together, each merged
+    with its own prefix only."""
+    network, _ = tiny_model
+    generator = torch.Generator().manual_seed(2)
+    packed = PackedModel(network)
+    prefixes = []
+    for length in (36, 44):
+        tokens = random_tokens(generator, length)
+        store = packed.new_store()
+        store.add()
+        packed.forward(store, Step([tokens], [False]))
+        store.grow(0, length)
+        prefixes.append(store.share(0, tuple(tokens)))
+    store = packed.new_store()
+    starts = [prefixes[0], prefixes[1], None, prefixes[0]]
+    sequences = [list(prefix.tokens) if prefix else [] for prefix in starts]
+    for prefix in starts:
+        store.add(prefix)
+    new = [random_tokens(generator, 3) for _ in starts]
+    packed.forward(store, Step(new, [False] * 4))
+    for row, tokens in enumerate(new):
+        sequences[row] += tokens
+        store.grow(row, 3)
+    logits = packed.forward(store, Step([[7]] * 4, [False] * 4))  # one group of four rows and two prefixes
+    for row, sequence in enumerate(sequences):
+        assert torch.allclose(logits[row], reference_logits(network, sequence + [7])[-1], atol=1e-5), row

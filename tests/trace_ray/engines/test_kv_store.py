@@ -19,9 +19,13 @@ def test_rows_keep_their_tokens_when_the_store_grows_and_when_rows_leave():
     assert torch.equal(store.take(0).own, own(5, 0)) and torch.equal(store.take(1).own, own(ROOM + 20, 1000))
     store.reserve([0, 0, 10 * ROOM])
     assert store.kv.shape[4] >= 2 + 10 * ROOM and torch.equal(store.take(2).own, own(2, 5000))
-    store.keep([0, 2])
+    assert store.keep([0, 2]) == [0, 2]
     assert store.lengths == [5, 2] and torch.equal(store.take(1).own, own(2, 5000))
     assert torch.equal(store.take(0, 3).own, own(5, 0)[:, :, :, :3])
+    store.add(own=own(3, 9000))
+    assert store.keep([1, 2]) == [2, 1]  # the first slot takes the last row: one row copied, not two
+    assert store.lengths == [3, 2] and torch.equal(store.take(0).own, own(3, 9000))
+    assert torch.equal(store.take(1).own, own(2, 5000))
 
 
 def test_a_shared_prompt_becomes_a_prefix_and_the_row_keeps_what_follows_it():

@@ -51,7 +51,7 @@ def test_rows_with_a_prefix_a_copied_part_of_it_or_none_get_the_models_own_logit
             assert torch.allclose(logits[start : start + len(tokens)], expected, atol=1e-5), (widths, row)
             start += len(tokens)
             store.grow(row, len(tokens))
-    store.keep([0, 2])  # the middle row leaves; the last moves down
+    assert store.keep([0, 2]) == [0, 2]  # the middle row leaves; the last takes its slot
     logits = packed.forward(store, Step([[5], [6]], [False, False]))
     assert torch.allclose(logits[0], reference_logits(network, sequences[0] + [5])[-1], atol=1e-5)
     assert torch.allclose(logits[1], reference_logits(network, sequences[2] + [6])[-1], atol=1e-5)

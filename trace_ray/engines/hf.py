@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 import torch
 
 from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation
-from trace_ray.engines.cpu_linear import use_packed_linears
 from trace_ray.engines.engine_loop import LoopedEngine, Request
 from trace_ray.engines.kv_store import RowKV, SharedPrefix, prefix_length
 from trace_ray.engines.packed_model import PackedModel, Step
@@ -102,9 +101,7 @@ class HFEngine(LoopedEngine):
         continuation_cache_tokens: int = CONTINUATION_CACHE_TOKENS,
     ):
         self.base_model = model
-        self.packed = PackedModel(model)
-        if self.device.type == "cpu":
-            use_packed_linears(model)
+        self.packed = PackedModel(model)  # on the CPU it also packs the model's linear layers' weights
         self.peft_model = None  # wraps base_model once an adapter is loaded
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id

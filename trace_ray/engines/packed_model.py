@@ -9,10 +9,13 @@ pass over the weights whenever a row joins. :class:`PackedModel` runs the
 same modules (embeddings, norms, projections, MLP, head; PEFT's LoRA layers
 and the engine's prepacked linears wrap them) on the batch's new tokens laid
 end to end, ``[tokens, hidden]``: the projections and the MLP see every
-token of every row in one matrix product, rotary embeddings come from a
-table, and attention runs per group of rows over the shared prefixes and the
-rows' own tokens (``kv_store.attend``). The numbers are those of the model's
-own forward up to float rounding in attention.
+token of every row in one matrix product (on the CPU, queries, keys and
+values joined into one, and the MLP's gate and up: ``projections.py``),
+rotary embeddings come from a table, and attention runs per group of rows
+over the shared prefixes and the rows' own tokens (``kv_store.attend``). The
+numbers are those of the model's own forward up to float rounding in
+attention. On the CPU the model's linear layers are switched to prepacked
+weights (``cpu_linear.py``) when the packed model is made.
 
 Supported: decoder-only models of the Llama family (``llama``, ``qwen2``,
 ``qwen3``) without sliding-window attention; others are refused with one
@@ -26,7 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from environments.errors import TraceRayError
+from trace_ray.engines.cpu_linear import use_packed_linears
 from trace_ray.engines.kv_store import SlotStore, attend, plan_groups
+from trace_ray.engines.projections import FusedProjections, joined, run
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -51,9 +56,11 @@ class Step:
     every_position: list[bool]
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with the two halves of its last dimension swapped (the rotary embedding's rotation, its sign kept in
+    the sine table)."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
 
 
 def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
@@ -75,7 +82,18 @@ class PackedModel:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.layers = config.num_hidden_layers
-        self._cos = self._sin = None  # rotary tables, grown as positions need
+        self._cos = self._sin = None  # rotary tables, grown as positions need (the sine's first half negated)
+        self.fused = [(None, None)] * self.layers  # per layer: queries-keys-values and gate-up joined, on the CPU
+        if self.device.type == "cpu":
+            self.fused = [
+                (
+                    FusedProjections.of([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                    FusedProjections.of([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                )
+                for layer in model.model.layers
+            ]
+            joined_bases = frozenset(base for pair in self.fused for fused in pair if fused for base in fused.bases)
+            use_packed_linears(model, later=joined_bases)
 
     @property
     def device(self) -> torch.device:
@@ -95,7 +113,8 @@ class PackedModel:
             size = max(needed, 2 * (0 if self._cos is None else self._cos.shape[0]), 1024)
             probe = torch.zeros((), dtype=self.dtype, device=self.device)
             cos, sin = self.model.model.rotary_emb(probe, torch.arange(size, device=self.device)[None])
-            self._cos, self._sin = cos[0], sin[0]
+            half = sin.shape[-1] // 2
+            self._cos, self._sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
         return self._cos[positions][:, None], self._sin[positions][:, None]
 
     @torch.no_grad()
@@ -126,23 +145,22 @@ class PackedModel:
         if adapter_names is not None:
             per_token = [name for name, width in zip(adapter_names, widths) for _ in range(width)]
 
-        def project(module, x: torch.Tensor) -> torch.Tensor:
-            """``module(x)``; a PEFT LoRA layer of a mixed batch gets each token's adapter."""
-            return module(x, adapter_names=per_token) if per_token and hasattr(module, "lora_A") else module(x)
-
         cos, sin = self._rotary(positions_t)
         model = self.model.model
         hidden = model.embed_tokens(flat)
+        attended = self.heads + self.kv_heads  # heads of queries and keys, side by side in the joined projection
         for index, layer in enumerate(model.layers):
-            attention = layer.self_attn
+            attention, mlp = layer.self_attn, layer.mlp
+            joined_qkv, joined_gate_up = self.fused[index]
             normed = rms_norm(layer.input_layernorm, hidden)
-            queries = project(attention.q_proj, normed).view(len(flat), self.heads, self.head_dim)
-            keys = project(attention.k_proj, normed).view(len(flat), self.kv_heads, self.head_dim)
-            values = project(attention.v_proj, normed).view(len(flat), self.kv_heads, self.head_dim)
+            qkv = joined([attention.q_proj, attention.k_proj, attention.v_proj], joined_qkv, normed, per_token)
+            qkv = qkv.view(len(flat), attended + self.kv_heads, self.head_dim)
+            both, values = qkv[:, :attended], qkv[:, attended:]
             if hasattr(attention, "q_norm"):
-                queries, keys = attention.q_norm(queries), attention.k_norm(keys)
-            both = torch.cat([queries, keys], dim=1)  # the rotary embedding of queries and keys in one go
-            queries, keys = (both * cos + rotate_half(both) * sin).split([self.heads, self.kv_heads], dim=1)
+                queries, keys = both.split([self.heads, self.kv_heads], dim=1)
+                both = torch.cat([attention.q_norm(queries), attention.k_norm(keys)], dim=1)
+            # the rotary embedding of queries and keys in one go
+            queries, keys = (both * cos + swap_halves(both) * sin).split([self.heads, self.kv_heads], dim=1)
             store.write(index, rows_t, columns_t, keys, values)
             if len(groups) == 1:
                 mixed = attend(store, index, groups[0], queries, attention.scaling)
@@ -153,9 +171,8 @@ class PackedModel:
                         for group, (start, size) in zip(groups, spans)
                     ]
                 )
-            hidden = hidden + project(attention.o_proj, mixed.reshape(len(flat), -1))
+            hidden = hidden + run(attention.o_proj, mixed.reshape(len(flat), -1), per_token)
             normed = rms_norm(layer.post_attention_layernorm, hidden)
-            mlp = layer.mlp
-            gated = mlp.act_fn(project(mlp.gate_proj, normed)) * project(mlp.up_proj, normed)
-            hidden = hidden + project(mlp.down_proj, gated)
+            gate, up = joined([mlp.gate_proj, mlp.up_proj], joined_gate_up, normed, per_token).chunk(2, dim=-1)
+            hidden = hidden + run(mlp.down_proj, mlp.act_fn(gate) * up, per_token)
         return self.model.lm_head(rms_norm(model.norm, hidden[torch.tensor(wanted, device=device)]))

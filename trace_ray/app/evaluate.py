@@ -80,6 +80,15 @@ def scores(name: str, results: list[EpisodeResult], rollouts: int) -> MethodScor
     )
 
 
+def why_untrained(run_dir: Path, router: str) -> str | None:
+    """Why ``trace-ray route`` trained no ``router`` in this run, as its summary recorded it (None: it did not say)."""
+    summary = run_dir / "router" / "summary.json"
+    if not summary.is_file():
+        return None
+    error = json.loads(summary.read_text(encoding="utf-8")).get("routers", {}).get(router, {}).get("error")
+    return f"route trained none: {error}" if error else None
+
+
 def router_choices(
     config: TraceConfig, run_dir: Path, adapters: list[TrainedAdapter], observations
 ) -> tuple[dict, dict, str | None]:
@@ -94,7 +103,7 @@ def router_choices(
         gate = load_gate(run_dir / "router", config.model.name, [a.name for a in adapters])
         choices["learned"] = [d.choice for d in LearnedRouter(model, tokenizer, gate).route_many(observations)]
     except TraceRayError as exc:
-        unavailable["TRACE (learned)"] = str(exc)
+        unavailable["TRACE (learned)"] = why_untrained(run_dir, "learned") or str(exc)
     try:
         router = auto_router(config, run_dir, model, tokenizer, adapters)
         choices["auto"], fallback = [d.choice for d in router.route_many(observations)], router.fallback
@@ -161,7 +170,7 @@ def evaluate(config: TraceConfig, split: str, limit: int | None) -> None:
         methods.insert(-1, scores("TRACE (moe)", [mixed[s][BASE] for s in seeds], trace_rollouts))
         episodes["TRACE (moe)"] = [mixed[s][BASE] for s in seeds]
     except TraceRayError as exc:
-        unavailable["TRACE (moe)"] = str(exc)
+        unavailable["TRACE (moe)"] = why_untrained(run_dir, "moe") or str(exc)
     training = dict(history)  # report.md's training curves
     if config.evaluate.grpo_baseline in options:
         training[GRPO_METHOD] = read_metrics(baseline)

@@ -10,6 +10,7 @@ import pytest
 from tests.run_dirs import write_capability_run
 from tests.trace_ray.app.test_route import TINY
 from trace_ray.app.cli import main
+from trace_ray.artifacts import write_json
 from trace_ray.config_compose import compose_config
 from trace_ray.evaluation.report import MethodScores, evaluation_report, report_markdown, report_rows
 from trace_ray.evaluation.statistics import paired_comparison
@@ -154,6 +155,9 @@ def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
     export_adapter(policy, tmp_path / "adapters" / "grpo_on_target")
     write_metrics(tmp_path / "adapters" / "grpo_on_target", [8, 8, 8])
     env = "env.name=tests.scripted_environments:OddParityEnvironment"
+    # route ran and recorded why it trained no learned gate (as on make demo: too few routed tasks)
+    constant = "all 8 training labels are 'base': a gate would learn a constant"
+    write_json(tmp_path / "router" / "summary.json", {"routers": {"learned": {"error": constant}}})
     assert main(["evaluate", f"run_dir={tmp_path}", *TINY, env, "limit=4", "model.sampling.max_new_tokens=9"]) == 0
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     rows = {row["method"]: row for row in report["methods"]}
@@ -165,7 +169,8 @@ def test_evaluate_scores_every_method_on_the_same_tasks(tmp_path):
         "GRPO on target",
         "prompt injection",
     ]
-    for router in ("TRACE (learned)", "TRACE (moe)", "TRACE (auto)"):  # trace-ray route trains or chooses them
+    assert report["not_evaluated"]["TRACE (learned)"] == f"route trained none: {constant}"
+    for router in ("TRACE (moe)", "TRACE (auto)"):  # trace-ray route trains or chooses them
         assert router in report["not_evaluated"] and "trace-ray route" in report["not_evaluated"][router]
     assert all(row["tasks"] == 4 for row in rows.values())
     assert rows[f"adapter:{names[0]}"]["rollouts"] == 16 and rows["TRACE (logit)"]["rollouts"] == 24

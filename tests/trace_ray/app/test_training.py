@@ -3,9 +3,11 @@ inputs."""
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -545,9 +547,12 @@ def test_a_lora_rank_sweep_trains_an_adapter_of_each_rank_and_a_rerun_resumes_th
     command = [sys.executable, "-m", "trace_ray.app.cli", "train", "-m", f"run_dir={tmp_path}", *SWEEP]
     folders = {rank: tmp_path / "adapters" / f"sweep__lora.rank-{rank}" for rank in (4, 8)}
     started = {}
-    for _attempt in range(2):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    for attempt in range(2):
+        marker = f"sweep-{uuid.uuid4().hex}"  # inherited by every process the command starts (Ray's included)
+        environment = {**os.environ, "TRACE_RAY_TEST_MARK": marker}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
         assert done.returncode == 0, done.stderr[-2000:]
+        assert processes_marked(marker) == [], f"run {attempt + 1} left processes behind"
         for rank, folder in folders.items():
             assert f"-> {folder}" in done.stdout  # the console says where each adapter went
             assert json.loads((folder / "adapter_config.json").read_text())["r"] == rank
@@ -555,6 +560,23 @@ def test_a_lora_rank_sweep_trains_an_adapter_of_each_rank_and_a_rerun_resumes_th
             assert started.setdefault(rank, row["started_at"]) == row["started_at"]  # the rerun trained nothing again
     runs = sorted(path.name for path in (tmp_path / "train_state").iterdir())
     assert [run.rsplit("-", 1)[0] for run in runs] == ["grpo-sweep__lora.rank-4", "grpo-sweep__lora.rank-8"]
+
+
+def processes_marked(marker: str) -> list[str]:
+    """``pid name`` of every process started with ``marker`` in its environment, once the command has exited (its
+    children may take a moment to end: at most 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if marker.encode() in environ.read_bytes():
+                    found.append(f"{environ.parent.name} {(environ.parent / 'comm').read_text().strip()}")
+            except OSError:  # ended meanwhile, or not ours to read
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
 
 
 # -- bad inputs ----------------------------------------------------------------------------------------

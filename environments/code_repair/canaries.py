@@ -3,9 +3,11 @@
 At grading time each test file that holds a ``FAIL_TO_PASS`` test gets
 :data:`PER_FILE` canaries: some that must pass, some that must fail (a
 wrong expected value) and one that must error (it asks for a fixture that
-does not exist). Where the file has a plain test with an ``assert a == b``,
-one canary that must fail is a copy of that test asserting ``a ==
-object()``, which nothing honest equals. Their names are drawn per grading
+does not exist). Where the file has plain tests with an ``assert a == b``,
+the canaries that must fail are copies of them (the ``FAIL_TO_PASS`` tests
+first: they call the code under repair) asserting ``a == object() or b ==
+object()``, which nothing honest makes true: a value that compares equal to
+anything makes it pass, however its comparison hooks were named. Their names are drawn per grading
 run from the words of that file's own test names, they are inserted at
 random places between the file's top-level definitions, and the others'
 bodies are small checks of the kind a test file holds, so a name, a file or
@@ -24,6 +26,7 @@ import ast
 import copy
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,10 +90,11 @@ def _may_skip(statements: list[ast.stmt]) -> bool:
     )
 
 
-def _against_nothing(tree: ast.Module, rng: random.Random, name: str) -> str | None:
-    """A copy of one of the file's own tests, named ``name``, cut at one of its ``assert a == b`` with ``b`` replaced by
-    a fresh ``object()``, which nothing honest equals: it must fail, unless the code makes values equal to anything.
-    A test that may skip itself before that assert is not copied (the copy would skip, not fail)."""
+def _against_nothing(tree: ast.Module, rng: random.Random, name: str, reaching: set[str]) -> str | None:
+    """A copy of one of the file's own tests (one of ``reaching`` if it can), named ``name``, cut at one of its ``assert
+    a == b`` and asserting ``a == object() or b == object()`` there: a fresh ``object()`` nothing honest equals, so it
+    must fail unless the code makes values equal to anything. A test that may skip itself before that assert is not
+    copied (the copy would skip, not fail)."""
     found = [
         (node, index)
         for node in tree.body
@@ -103,20 +107,21 @@ def _against_nothing(tree: ast.Module, rng: random.Random, name: str) -> str | N
     ]
     if not found:
         return None
-    node, index = rng.choice(found)
+    node, index = rng.choice([(node, index) for node, index in found if node.name in reaching] or found)
     clone = copy.deepcopy(node)
     clone.name = name
-    clone.body = [
-        *clone.body[:index],
-        ast.Assert(
-            ast.Compare(clone.body[index].test.left, [ast.Eq()], [ast.Call(ast.Name("object", ast.Load()), [], [])])
-        ),
+    compared = clone.body[index].test
+    nothing = [
+        ast.Compare(side, [ast.Eq()], [ast.Call(ast.Name("object", ast.Load()), [], [])])
+        for side in (compared.left, compared.comparators[0])
     ]
+    clone.body = [*clone.body[:index], ast.Assert(ast.BoolOp(ast.Or(), nothing))]
     return ast.unparse(ast.fix_missing_locations(clone)) + "\n"
 
 
-def plant(root: Path, test_files: list[str], rng: random.Random) -> list[Canary]:
-    """Insert canaries into each of ``test_files`` (relative to ``root``); the canaries with their expected outcomes."""
+def plant(root: Path, test_files: list[str], rng: random.Random, reaching: Sequence[str] = ()) -> list[Canary]:
+    """Insert canaries into each of ``test_files`` (relative to ``root``), the must-fail ones copied from the tests
+    named in ``reaching`` where they can be; the canaries with their expected outcomes."""
     canaries = []
     for relative in sorted(set(test_files)):
         path = root / relative
@@ -138,9 +143,9 @@ def plant(root: Path, test_files: list[str], rng: random.Random) -> list[Canary]
         points = [line for line in starts if line > max(imports, default=0)] + [len(text.splitlines()) + 1]
         inserts: dict[int, list[str]] = {}
         for expected, count in PER_FILE.items():
-            for index in range(count):
+            for _ in range(count):
                 name = _fresh_name(rng, words, taken, "test_")
-                cloned = _against_nothing(tree, rng, name) if expected == "failed" and not index else None
+                cloned = _against_nothing(tree, rng, name, set(reaching)) if expected == "failed" else None
                 if expected == "error":  # asks for a fixture nobody defines: pytest errors in setup
                     fixture = _fresh_name(rng, words, taken, "")
                     code = f"def {name}({fixture}):\n    assert {fixture} is not None\n"

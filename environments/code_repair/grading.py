@@ -9,26 +9,28 @@
   tampered.
 - :func:`grade_calls` (the synthetic template tasks): no pytest at all. The
   sandbox runner imports the module and records what each test's call
-  returns, plus hidden calls drawn per grading run that the agent never
-  sees; the grader compares every value with the correct module's in its own
-  process.
+  returns, plus the task's hidden calls that the agent never sees; the
+  grader compares every value with the correct module's in its own process.
+- :func:`with_differential_checks` (package tasks where the package allows):
+  calls of the function under repair on which the bug and the fix differ,
+  found when the task was built (``differential.py``), replayed in the
+  sandbox on a copy without the test files; each result's text is compared
+  with the original's outside it.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import secrets
-import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from environments.code_repair.canaries import canary_problems, plant
 from environments.code_repair.mutations import literal
 from environments.code_repair.tasks import run_tests
-from environments.code_repair.test_runner import RecordChannel, require_started, sandbox_command
+from environments.code_repair.test_runner import record_calls
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,10 @@ def grade_with_pytest(
     timeout_s: float,
 ) -> Grade:
     """Plant canaries beside the ``fail_to_pass`` tests, run ``test_paths`` in the sandbox, and cross-check."""
-    canaries = plant(root, [test.split("::")[0] for test in fail_to_pass], random.Random(secrets.randbits(64)))
+    reaching = [test.split("::")[-1].split("[")[0] for test in fail_to_pass]  # the tests that call the bug's code
+    canaries = plant(
+        root, [test.split("::")[0] for test in fail_to_pass], random.Random(secrets.randbits(64)), reaching
+    )
     run = run_tests(root, test_paths, pytest_args, timeout_s, sandboxed=True)
     if run.timed_out:
         return Grade(frozenset(), timed_out=True)
@@ -80,35 +85,34 @@ def grade_calls(
     calls = [[function, list(arguments)] for _, function, arguments in tests] + [
         [function, list(arguments)] for function, arguments in hidden
     ]
-    channel = RecordChannel()
-    command = sandbox_command(root, channel.fd, ["calls", module])
-    try:
-        finished = subprocess.run(
-            command,
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            input=f"{channel.nonce}\n{json.dumps(calls)}\n",
-            pass_fds=(channel.fd,),
-        )
-    except subprocess.TimeoutExpired:
-        channel.close()
+    recorded = record_calls(root, module, calls, timeout_s)
+    if recorded.timed_out:
         return Grade(frozenset(), timed_out=True)
-    records, foreign = channel.close()
-    require_started(records, finished.stderr)
-    results = [record["results"] for record in records if "results" in record]
-    reasons = [f"{foreign} line(s) on the record channel without the run's nonce"] if foreign else []
-    reasons += ["the results recorded more than once"] if len(results) > 1 else []
-    if not results or len(results[0]) != len(calls):
-        return Grade(frozenset(), tamper_reasons=tuple(reasons), details={"calls_recorded": False})
-    right = [_value(result) == want for result, want in zip(results[0], expected)]
+    if recorded.results is None:
+        return Grade(frozenset(), tamper_reasons=recorded.reasons, details={"calls_recorded": False})
+    right = [_value(result) == want for result, want in zip(recorded.results, expected)]
     passed = frozenset(test for (test, _, _), ok in zip(tests, right) if ok)
     return Grade(
         passed,
-        tamper_reasons=tuple(reasons),
+        tamper_reasons=recorded.reasons,
         hidden_failed=len(hidden) - sum(right[len(tests) :]),
         details={"hidden_calls": len(hidden)},
+    )
+
+
+def with_differential_checks(grade: Grade, root: Path, checks: dict, timeout_s: float) -> Grade:
+    """``grade`` with a package task's differential checks (``checks``: ``module``, its ``folder``, the ``calls`` and
+    the original's recorded results, ``expected``) replayed on the tree ``root`` in the sandbox; each result compared
+    here with the original's as text, so no value of the code under test takes part in the comparison."""
+    recorded = record_calls(root, checks["module"], checks["calls"], timeout_s, checks["folder"])
+    results = recorded.results or [None] * len(checks["calls"])
+    failed = sum(got != want for got, want in zip(results, checks["expected"]))
+    return replace(
+        grade,
+        timed_out=grade.timed_out or recorded.timed_out,
+        hidden_failed=grade.hidden_failed + failed,
+        tamper_reasons=grade.tamper_reasons + recorded.reasons,
+        details={**grade.details, "differential_calls": len(checks["calls"])},
     )
 
 

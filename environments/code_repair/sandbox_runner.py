@@ -2,7 +2,7 @@
 calls.
 
 ``python sandbox_runner.py LIMITS RECORD_FD pytest ARGS...`` and
-``python sandbox_runner.py LIMITS RECORD_FD calls MODULE`` (``test_runner.py``
+``python sandbox_runner.py LIMITS RECORD_FD calls MODULE [FOLDER]`` (``test_runner.py``
 builds the command). The script first sets the resource limits (``LIMITS``,
 JSON) and reads one line from stdin, the run's nonce (in ``calls`` mode a
 second line: the calls, JSON). Then, before any code under test is
@@ -19,23 +19,27 @@ can read back or rewrite what was written.
   from the exception the test raised (or, for ``unittest`` cases, the one
   pytest's unittest support stored), never from a report: plugins, hooks and
   patched report classes that rewrite reports do not change it.
-- ``calls``: imports ``MODULE`` from the working directory and records what
-  each call ``[function, arguments]`` returns (its ``repr``) or which
-  exception it raises; the grader compares the values with the expected
-  ones in its own process.
+- ``calls``: imports ``MODULE`` from the working directory (or its
+  ``FOLDER``) and records what each call ``[function, arguments]`` returns
+  (its ``repr``; an iterator read into a list) or which exception it
+  raises; the grader compares the values with the expected ones in its own
+  process.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import resource
 import sys
+from collections.abc import Iterator
 
 import pytest
 
 MB = 1024 * 1024
+MAX_ITEMS = 10_000  # items of a returned iterator recorded in calls mode
 
 
 def set_limits(limits: dict) -> None:
@@ -95,7 +99,7 @@ class Witness:
 
 def run_calls(record: Recorder, module_name: str, calls: list) -> int:
     """Record ``["value", repr]`` or ``["raises", exception type]`` for every call (a module that does not load:
-    every call raises)."""
+    every call raises); an iterator returned is read into a list first (at most :data:`MAX_ITEMS` items)."""
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001
@@ -104,7 +108,10 @@ def run_calls(record: Recorder, module_name: str, calls: list) -> int:
     results = []
     for name, arguments in calls:
         try:
-            results.append(["value", repr(getattr(module, name)(*arguments))])
+            value = getattr(module, name)(*arguments)
+            if isinstance(value, Iterator):
+                value = list(itertools.islice(value, MAX_ITEMS))
+            results.append(["value", repr(value)])
         except Exception as error:  # noqa: BLE001
             results.append(["raises", type(error).__name__])
     record(results=results)
@@ -118,6 +125,7 @@ def main(argv: list[str]) -> int:
     record(started=True)  # before any code under test: the grader knows the sandbox ran
     sys.path[0] = ""  # the working directory, as for python -c
     if mode == "calls":
+        sys.path[1:1] = rest[1:]  # the folder the module is imported from (a src layout's src), if not the root
         return run_calls(record, rest[0], json.loads(sys.stdin.readline()))
     sys.argv = ["pytest", *rest]
     return pytest.main(rest, plugins=[Witness(record)])

@@ -8,7 +8,9 @@ agent's working copy when grading).
 
 - :class:`PackageSource` (``env=code_repair``): ``tasks.jsonl`` built by
   ``make install-code-repair``; the original is the unpacked package, the
-  working copy gets the task's mutation. With ``env.tasks_dir=DIR``, tasks on
+  working copy gets the task's mutation and lacks the failing tests held out
+  from the agent (``held_out.py``); grading adds the task's differential
+  checks where it has them (``differential.py``). With ``env.tasks_dir=DIR``, tasks on
   local packages instead: ``DIR/tasks.jsonl`` and ``DIR/packages.json``
   (written by :func:`write_task_folder`).
 - :class:`SWEBenchSource` (``env=swebench``): official SWE-bench instances
@@ -26,7 +28,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from environments.code_repair.grading import Grade, grade_with_pytest
+from environments.code_repair.grading import Grade, grade_with_pytest, with_differential_checks
+from environments.code_repair.held_out import held_out_tests, remove_tests
 from environments.code_repair.packages import PACKAGES, Package, cache_dir, unpack
 from environments.errors import TraceRayError
 
@@ -177,12 +180,28 @@ class PackageSource(TaskSource):
         return self.roots[task["repo"]]
 
     def prepare(self, task: dict, workdir: Path) -> None:
+        """The bug put in; the failing tests held out from the agent taken out (``held_out.py``)."""
         mutation = task["mutation"]
         buggy = workdir / mutation["file"]
         text = buggy.read_text(encoding="utf-8")
         buggy.write_text(
             text[: mutation["start"]] + mutation["replacement"] + text[mutation["end"] :], encoding="utf-8"
         )
+        remove_tests(workdir, held_out_tests(task["FAIL_TO_PASS"]))
+
+    def grade(self, task: dict, graded: Path, timeout_s: float) -> Grade:
+        """The tests (the held-out ones among them) with canaries and the witness, then, where the task has them, its
+        differential checks in the graded copy without its test files."""
+        grade = super().grade(task, graded, timeout_s)
+        if "differential" not in task or grade.timed_out:
+            return grade
+        for test in self.test_paths(task):
+            path = graded / test
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        return with_differential_checks(grade, graded, task["differential"], timeout_s)
 
     def buggy_text(self, task: dict, relative: str) -> str:
         text = (self.original(task) / relative).read_text(encoding="utf-8")

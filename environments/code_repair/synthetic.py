@@ -5,8 +5,10 @@ same tools, policy, sandboxed test runs and hidden-test grading, Pass@1)
 whose tasks come from one capability's template
 (``environments/code_repair/synthetic_templates.py``) at one difficulty: a
 generated module with a seeded bug and its pytest file. Grading runs no
-pytest: the sandbox records what each test's call (and hidden calls drawn
-per grading run) returns, and the values are compared here, outside it
+pytest: in a copy without the test files, the sandbox records what each
+test's call and each of the task's hidden calls (inputs found when the task
+was built on which the bug and the fix differ, never shown to the agent)
+returns, and the values are compared here, outside it
 (``grading.grade_calls``). The oracle plays the
 template's moves; ``capability_turns``/``broken_step`` give the self-checks
 the turn that needs the capability and the move made without it.
@@ -15,8 +17,7 @@ the turn that needs the capability and the move made without it.
 from __future__ import annotations
 
 import hashlib
-import random
-import secrets
+import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +28,6 @@ from environments.code_repair.sources import TaskSource
 from environments.code_repair.synthetic_templates import (
     TEMPLATES,
     SyntheticTask,
-    hidden_calls,
     make_task,
     outcomes,
     test_calls,
@@ -101,14 +101,18 @@ class GeneratedSource(TaskSource):
     def is_test(self, task: dict, relative: str) -> bool:
         return relative.startswith("tests/")
 
+    def before_grading(self, task: dict, graded: Path) -> None:
+        """The test files leave the graded tree: the code under test cannot read the visible answers there."""
+        shutil.rmtree(graded / "tests")
+
     def grade(self, task: dict, graded: Path, timeout_s: float) -> Grade:
-        """Every test's call and hidden calls drawn now, run in the sandbox; the values compared here with the correct
+        """Every test's call and the task's hidden calls, run in the sandbox; the values compared here with the correct
         module's (see ``grading.py``)."""
-        module = task["synthetic"].module
+        synthetic: SyntheticTask = task["synthetic"]
+        module, hidden = synthetic.module, synthetic.hidden
         tests = [
             (f"{module.test_file}::{test}", function, arguments) for test, function, arguments in test_calls(module)
         ]
-        hidden = hidden_calls(module, random.Random(secrets.randbits(64)))
         expected = outcomes(module.source, [(function, arguments) for _, function, arguments in tests] + hidden)
         return grade_calls(graded, module.name, tests, hidden, expected, timeout_s)
 

@@ -2,8 +2,11 @@
 
 A task is a module of small functions drawn from :data:`FAMILIES` (names and
 constants seeded), its test file (one test per call, the expected value
-computed from the correct module), and a bug put into one function by
-:func:`~environments.code_repair.mutations.mutations`. Each capability's
+computed from the correct module), a bug put into one function by
+:func:`~environments.code_repair.mutations.mutations`, and hidden calls only
+the grader makes (:func:`hidden_checks`: calls on which the bug, and every
+state the oracle's fix passes through, differ from the correct module; a
+draw without enough of them is no task). Each capability's
 template chooses the bug, writes the issue text and the oracle's moves, and
 names the oracle turn that needs the capability together with the move an
 agent lacking it makes instead (its ``broken`` move); every move is replayed
@@ -39,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from environments.code_repair.mutations import Mutation, iter_functions, mutations
+from environments.code_repair.neighbours import neighbours
 from environments.synthetic.template import CapabilityTemplate
 
 DIFFICULTIES = (1, 2, 3)
@@ -58,7 +62,10 @@ NOUNS = (
     "margin",
 )
 CASES_PER_FUNCTION = 6
-HIDDEN_CALLS_PER_FUNCTION = 4  # calls the grader adds per function, drawn per grading run (grading.py)
+RANDOM_CANDIDATES = 40  # random argument tuples per function searched for hidden checks, beside the tests' neighbours
+MIN_SEPARATING = 3  # hidden calls that must tell each wrong state of the module from the correct one
+HIDDEN_SEPARATING = 12  # hidden calls kept per wrong state among those that tell it from the correct module
+HIDDEN_AGREEING = 2  # hidden calls kept per function besides
 
 
 # -- function families ------------------------------------------------------------------------
@@ -301,7 +308,7 @@ def test_calls(module: Module) -> list[tuple[str, str, tuple]]:
 
 
 def _varied(argument: Any, rng: random.Random) -> Any:
-    """Another argument of the same kind as ``argument``."""
+    """Another argument of the same kind as ``argument``, at random."""
     if isinstance(argument, bool):
         return rng.random() < 0.5
     if isinstance(argument, int):
@@ -313,15 +320,44 @@ def _varied(argument: Any, rng: random.Random) -> Any:
     return argument
 
 
-def hidden_calls(
-    module: Module, rng: random.Random, per_function: int = HIDDEN_CALLS_PER_FUNCTION
-) -> list[tuple[str, tuple]]:
-    """(function, arguments) of calls the tests do not make: each function's test arguments varied at random."""
-    return [
-        (function.name, tuple(_varied(argument, rng) for argument in rng.choice(function.cases)))
-        for function in module.functions
-        for _ in range(per_function)
+def candidate_calls(function: Function, rng: random.Random) -> list[tuple]:
+    """Argument tuples for ``function`` its tests do not use: each test's arguments with one of them moved to a
+    neighbour (:func:`~environments.code_repair.neighbours.neighbours`), and random ones of the same kinds."""
+    visible = {repr(arguments) for arguments in function.cases}
+    found = [
+        (*case[:position], neighbour, *case[position + 1 :])
+        for case in function.cases
+        for position, argument in enumerate(case)
+        for neighbour in neighbours(argument)
     ]
+    found += [
+        tuple(_varied(argument, rng) for argument in rng.choice(function.cases)) for _ in range(RANDOM_CANDIDATES)
+    ]
+    unique = {repr(arguments): arguments for arguments in found if repr(arguments) not in visible}
+    return list(unique.values())
+
+
+def hidden_checks(module: Module, wrong_sources: list[str], rng: random.Random) -> list[tuple[str, tuple]] | None:
+    """The hidden calls of a task: for each of ``wrong_sources`` (the buggy module and every state the fix passes
+    through) up to :data:`HIDDEN_SEPARATING` calls the tests do not make on which it differs from the correct module,
+    and :data:`HIDDEN_AGREEING` more per function; None when some wrong source is told from the correct one by fewer
+    than :data:`MIN_SEPARATING`."""
+    calls = [
+        (function.name, arguments) for function in module.functions for arguments in candidate_calls(function, rng)
+    ]
+    right = outcomes(module.source, calls)
+    chosen: dict[str, tuple[str, tuple]] = {}
+    for wrong in wrong_sources:
+        separating = [call for call, got, want in zip(calls, outcomes(wrong, calls), right) if got != want]
+        if len(separating) < MIN_SEPARATING:
+            return None
+        for call in rng.sample(separating, min(HIDDEN_SEPARATING, len(separating))):
+            chosen[repr(call)] = call
+    for function in module.functions:
+        own = [call for call in calls if call[0] == function.name and repr(call) not in chosen]
+        for call in rng.sample(own, min(HIDDEN_AGREEING, len(own))):
+            chosen[repr(call)] = call
+    return list(chosen.values())
 
 
 def test_file_text(module: Module, expected: list[Any]) -> str:
@@ -382,6 +418,7 @@ class SyntheticTask:
     broken: tuple[str, dict]  # the move an agent without the capability makes at that turn
     fail_to_pass: list[str] = field(default_factory=list)
     pass_to_pass: list[str] = field(default_factory=list)
+    hidden: list[tuple[str, tuple]] = field(default_factory=list)  # calls only the grader makes (hidden_checks)
 
 
 @dataclass
@@ -513,6 +550,8 @@ def _verification(draft: Draft, difficulty: int) -> SyntheticTask | None:
         return None
     first, second = pairs[0]
     buggy, only_second = apply_all(draft.source, [first, second]), second.apply(draft.source)
+    if not draft.failing(buggy):  # the two bugs cancel out on every test
+        return None
     test_move = ("run_tests", {"target": draft.module.test_file})
     oracle = [
         read_move(draft, buggy),
@@ -642,6 +681,11 @@ def make_task(capability: str, difficulty: int, seed: int) -> SyntheticTask:
         module, target = draw_module(rng, size=1 + 2 * difficulty, look_alikes=difficulty)
         draft = Draft(rng, module, target)
         task = template.build(draft, difficulty)
-        if task is not None and holds(draft, task):
+        if task is None or not holds(draft, task):
+            continue
+        replaced = [move for move in task.oracle if move[0] == "replace_in_file"]
+        hidden = hidden_checks(module, _sources_before(task.buggy, replaced), rng)
+        if hidden is not None:  # a task whose hidden calls cannot tell its bug from the fix is no task
+            task.hidden = hidden
             return task
     raise RuntimeError(f"no {capability} task at difficulty {difficulty} for seed {seed} after 200 draws")

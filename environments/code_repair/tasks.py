@@ -6,7 +6,10 @@ the mutant (``FAIL_TO_PASS``), every other one still passes
 (``PASS_TO_PASS``), and the run ends within the time limit. The issue text
 is written from the first failure as the tests see it (the statement run,
 what came back, what was expected), never naming the buggy file or line.
-The gold ``patch`` is the unified diff that undoes the bug.
+The gold ``patch`` is the unified diff that undoes the bug. Where the
+package allows, the task also holds ``differential`` checks: calls of the
+buggy function on which the mutant and the original differ, with the
+original's results (``differential.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from environments.code_repair.differential import differential_checks
 from environments.code_repair.mutations import Mutation, mutations
 from environments.code_repair.packages import PACKAGES, Package, cache_dir, sdist_digest, unpack
 from environments.code_repair.test_runner import RecordChannel, pytest_command, require_started
@@ -216,6 +220,7 @@ def validate(
     pass_to_pass = sorted(baseline.passed - set(fail_to_pass))
     if run.timed_out or not fail_to_pass or not set(pass_to_pass) <= run.passed:
         return None
+    differential = differential_checks(package, root, path, mutation, fail_to_pass, timeout_s)
     return {
         "repo": f"pypi/{package.name}",
         "version": package.version,
@@ -235,6 +240,7 @@ def validate(
             "replacement": mutation.replacement,
         },
         "test_seconds": round(run.seconds, 2),
+        **({"differential": differential} if differential else {}),
     }
 
 

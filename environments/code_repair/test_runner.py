@@ -5,7 +5,8 @@ and working directory of one test run. Sandboxed (every run on an agent's
 edits, ``record_fd`` given), it runs ``sandbox_runner.py``: pytest watched
 by a witness that writes each test's outcome to ``record_fd``, the write
 end of a pipe this process reads (:class:`RecordChannel`). ``sandbox_command`` runs the same
-script in its other mode (a generated module's calls). The sandbox is
+script in its other mode, and :func:`record_calls` runs a module's calls that way and returns
+what each returned (the template tasks' values, package tasks' differential checks). The sandbox is
 bubblewrap, as for generated environments
 (``environments/synthetic/sandbox.py``): its own user, PID, IPC, UTS and
 network namespaces, killed with its parent, the system and the Python
@@ -23,9 +24,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from environments.errors import TraceRayError
@@ -172,3 +175,40 @@ class RecordChannel:
             else:
                 foreign += 1
         return records, foreign
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the calls of one sandboxed run returned (``[kind, text]`` each, see ``sandbox_runner.py``; None when the run
+    recorded no whole list), and why the record cannot be trusted."""
+
+    results: list | None
+    reasons: tuple[str, ...] = ()
+    timed_out: bool = False
+
+
+def record_calls(root: Path, module: str, calls: list, timeout_s: float, folder: str = "") -> Recorded:
+    """Run ``calls`` (``[function, arguments]`` each) on ``module`` of the tree ``root`` (imported from its ``folder``,
+    if given) in the sandbox; what each returned, as recorded outside it."""
+    channel = RecordChannel()
+    command = sandbox_command(root, channel.fd, ["calls", module, *([folder] if folder else [])])
+    try:
+        finished = subprocess.run(
+            command,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            input=f"{channel.nonce}\n{json.dumps(calls)}\n",
+            pass_fds=(channel.fd,),
+        )
+    except subprocess.TimeoutExpired:
+        channel.close()
+        return Recorded(None, timed_out=True)
+    records, foreign = channel.close()
+    require_started(records, finished.stderr)
+    results = [record["results"] for record in records if "results" in record]
+    reasons = [f"{foreign} line(s) on the record channel without the run's nonce"] if foreign else []
+    reasons += ["the results recorded more than once"] if len(results) > 1 else []
+    whole = results[0] if results and len(results[0]) == len(calls) else None
+    return Recorded(whole, tuple(reasons))

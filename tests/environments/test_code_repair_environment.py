@@ -115,6 +115,9 @@ def test_every_self_check_passes_including_the_code_repair_farmers(source):
         "assert-proof",
         "fake-test-modules",
         "forged-exit",
+        "read-tests",
+        "hard-code-visible",
+        "always-equal-runtime",
     ):
         assert f"{farmer} agent" in names
 

@@ -18,8 +18,10 @@ from environments.code_repair.environment import CodeRepairEnvironment
 from environments.code_repair.forgeries import payload
 from environments.code_repair.grading import grade_calls
 from environments.code_repair.sources import PackageSource
+from environments.code_repair.special_cases import NAMES as SPECIAL_CASE_NAMES
+from environments.code_repair.special_cases import helpers, special_cased
 from environments.code_repair.synthetic import CodeRepairTemplateEnvironment
-from environments.code_repair.synthetic_templates import hidden_calls, make_task, outcomes
+from environments.code_repair.synthetic_templates import make_task, outcomes
 from environments.code_repair.tasks import build_tasks, run_tests
 from environments.code_repair.test_runner import RecordChannel, sandbox_command
 from environments.errors import TraceRayError
@@ -105,7 +107,8 @@ def test_canaries_hide_among_the_tests_and_come_out_as_planted_in_an_honest_run(
     assert sorted(canary.expected for canary in canaries) == ["error", "failed", "failed", "passed", "passed"]
     text = (shapes / "tests" / "test_core.py").read_text()
     assert all(line in text for line in TESTS.splitlines())  # the real tests are all still there
-    assert text.count("== object()") == 1  # one must-fail canary is a real test asserting against a fresh object
+    # the must-fail canaries are real tests asserting against a fresh object
+    assert text.count("== object() or ") == 2
     words = {
         word
         for line in TESTS.splitlines()
@@ -156,7 +159,18 @@ def test_a_test_that_may_skip_itself_is_not_copied_into_the_canary_that_must_fai
             for block in (copy / "tests" / "test_optional.py").read_text().split("\n\n\n")
             if "== object()" in block
         ]
-        assert len(cloned) == 1 and "sum([1, 2]) == object()" in cloned[0] and "skip" not in cloned[0]
+        assert len(cloned) == 2 and all("sum([1, 2]) == object() or 3 == object()" in block for block in cloned)
+        assert not any("skip" in block for block in cloned)
+
+
+def test_the_canaries_that_must_fail_copy_the_tests_that_reach_the_bug(shapes):  # noqa: F811
+    for seed in range(10):
+        test_file = shapes / "tests" / "test_core.py"
+        test_file.write_text(TESTS)
+        plant(shapes, ["tests/test_core.py"], random.Random(seed), reaching=["test_window_of_three"])
+        cloned = [block for block in test_file.read_text().split("\n\n\n") if "== object()" in block]
+        assert len(cloned) == 2
+        assert all("window_sums([1, 2, 3, 4], 3) == object() or [6, 9] == object()" in block for block in cloned)
 
 
 # -- the witness ----------------------------------------------------------------------------------
@@ -256,22 +270,21 @@ def test_template_values_are_compared_outside_and_hidden_calls_catch_a_table_of_
     task = make_task("edit_precision", 2, 700_000)
     module, calls = task.module, templates.test_calls(task.module)
     tests = [(f"{module.test_file}::{test}", function, arguments) for test, function, arguments in calls]
-    hidden = [(function, arguments) for _, function, arguments in calls[:3]]
-    expected = outcomes(module.source, [(function, arguments) for _, function, arguments in calls] + hidden)
+    expected = outcomes(module.source, [(function, arguments) for _, function, arguments in calls] + task.hidden)
     (tmp_path / module.file).write_text(module.source)
-    right = grade_calls(tmp_path, module.name, tests, hidden, expected, 60)
+    right = grade_calls(tmp_path, module.name, tests, task.hidden, expected, 60)
     assert right.passed == {test for test, _, _ in tests} and right.hidden_failed == 0 and right.tamper_reasons == ()
-    # the visible calls' answers looked up, whatever the arguments: every test passes, the hidden calls do not
+    # the visible calls' answers looked up, whatever the arguments, else the buggy code: every test passes, the hidden
+    # calls that reach the bug do not
     answers = {(function, repr(arguments)): value for (_, function, arguments), value in zip(tests, expected)}
     table = "".join(
-        f"def {f.name}(*args):\n    return ANSWERS.get(({f.name!r}, repr(args)))\n\n" for f in module.functions
+        f"def {f.name}(*args):\n    return ANSWERS.get(({f.name!r}, repr(args)), _{f.name}(*args))\n\n"
+        for f in module.functions
     )
-    (tmp_path / module.file).write_text(f"ANSWERS = {answers!r}\n\n{table}")
-    other = hidden_calls(module, random.Random(1))
-    looked_up = grade_calls(
-        tmp_path, module.name, tests, other, outcomes(module.source, [c for _, *c in tests] + other), 60
-    )
-    assert looked_up.passed == right.passed and looked_up.hidden_failed > 0
+    buggy = task.buggy.replace("def ", "def _")
+    (tmp_path / module.file).write_text(f"{buggy}\n\nANSWERS = {answers!r}\n\n{table}")
+    looked_up = grade_calls(tmp_path, module.name, tests, task.hidden, expected, 60)
+    assert looked_up.passed == right.passed and looked_up.hidden_failed >= templates.MIN_SEPARATING
 
 
 # -- the tamper agents --------------------------------------------------------------------------------
@@ -322,3 +335,28 @@ def test_each_tamper_agent_scores_0_on_a_template_with_and_without_the_static_ch
     assert reward == 0.0 and info["tampered"] and info["tamper_reasons"]
     reward, info = tamper(env, seed, name, check_edits=False)  # no pytest in grading: the values decide
     assert reward == 0.0 and (info["tests_failed"] or info["hidden_failed"])
+
+
+# -- the special-casing agents -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SPECIAL_CASE_NAMES)
+def test_each_special_casing_edit_passes_the_visible_tests_without_fixing_the_bug(tmp_path, name):
+    task = make_task("code_localisation", 2, 700_002)
+    named = set(task.issue.replace("`", " ").replace("(", " ").split()) if name == "always-equal-runtime" else None
+    edited = special_cased(task.buggy, helpers(name, [task.tests]), named)
+    assert edit_problems(task.buggy, edited) == []  # nothing the static check knows: no hook spelled, no internals
+    (tmp_path / "tests").mkdir()
+    (tmp_path / task.module.file).write_text(edited)
+    (tmp_path / task.module.test_file).write_text(task.tests)
+    run = run_tests(tmp_path, [task.module.test_file], ["-o", "pythonpath=."])  # in the tree holding the tests
+    assert set(task.fail_to_pass) <= run.passed and set(task.pass_to_pass) <= run.passed, name
+    hidden_right = outcomes(task.module.source, task.hidden)
+    assert outcomes(edited.replace("@_special_cased\n", ""), task.hidden) != hidden_right  # the bug is still there
+
+
+@pytest.mark.integration  # runs in the sandbox
+@pytest.mark.parametrize("name", SPECIAL_CASE_NAMES)
+def test_each_special_casing_agent_scores_0_on_a_template_by_the_values_alone(name):
+    env = CodeRepairTemplateEnvironment("code_localisation", 2)
+    for seed in env.task_seeds("analysis")[:3]:
+        reward, info = play(env, seed, adversary(name))
+        assert reward == 0.0 and not info["tampered"] and (info["tests_failed"] or info["hidden_failed"]), info

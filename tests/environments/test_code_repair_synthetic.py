@@ -3,6 +3,7 @@ capability each template's tasks need, shown by the oracle with that turn broken
 
 import ast
 import json
+import random
 
 import pytest
 
@@ -11,12 +12,15 @@ from environments.code_repair.sources import PackageSource
 from environments.code_repair.synthetic import CodeRepairTemplateEnvironment
 from environments.code_repair.synthetic_templates import (
     DIFFICULTIES,
+    MIN_SEPARATING,
     TEMPLATES,
     Edit,
     function_span,
+    hidden_checks,
     make_task,
     outcomes,
 )
+from environments.code_repair.synthetic_templates import test_calls as calls_of_tests
 from environments.self_checks import oracle, play, play_broken_oracle, run_self_checks
 from environments.synthetic.factory import target_templates, template_environment
 from tests.environments.test_code_repair_tasks import SHAPES, shapes  # noqa: F401  (the package fixture: the target's tools)
@@ -65,6 +69,28 @@ def test_each_task_has_a_real_bug_that_the_oracle_fixes_and_the_broken_turn_leav
         assert failing_tests(task, replaced(task, broken_moves(task))), (capability, seed)
         assert task.module.file not in task.issue or capability == "failure_reproduction"
         assert "line" not in task.issue.lower()
+
+
+@pytest.mark.parametrize("capability", sorted(TEMPLATES))
+def test_the_hidden_calls_tell_every_wrong_state_from_the_fix_and_are_none_of_the_visible_ones(capability):
+    for seed in SEEDS:
+        task = make_task(capability, 2, seed)
+        visible = {(function, repr(arguments)) for _, function, arguments in calls_of_tests(task.module)}
+        assert not visible & {(function, repr(arguments)) for function, arguments in task.hidden}
+        right = outcomes(task.module.source, task.hidden)
+        # the buggy module, and (two bugs) the module with only the first one fixed
+        fixes = [move for move in task.oracle if move[0] == "replace_in_file"]
+        for wrong in [replaced(task, fixes[:count]) for count in range(len(fixes))]:
+            told = sum(got != want for got, want in zip(outcomes(wrong, task.hidden), right))
+            assert told >= MIN_SEPARATING, (capability, seed)
+        assert {function for function, _ in task.hidden} == {function.name for function in task.module.functions}
+
+
+def test_a_module_the_hidden_calls_cannot_tell_from_the_fix_is_no_task():
+    task = make_task("edit_precision", 1, 0)
+    assert hidden_checks(task.module, [task.buggy], random.Random(0))
+    renamed = task.module.source.replace('"""', "# ", 1).replace('"""', "", 1)  # the same functions, other text
+    assert hidden_checks(task.module, [renamed], random.Random(0)) is None
 
 
 def test_the_broken_moves_are_the_capabilitys_absence():

@@ -1,0 +1,31 @@
+"""Inputs next to a given one, where bugs show: the boundaries a mutation moves, empty values, an element changed.
+
+Used to search for calls on which a bug and its fix differ: the template
+tasks' hidden calls (``synthetic_templates.py``) and the package tasks'
+differential checks (``differential.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def neighbours(argument: Any) -> list[Any]:
+    """Arguments next to ``argument``: the boundaries a bug moves (one either side, zero, empty), an element changed,
+    dropped or added, the order reversed."""
+    if isinstance(argument, bool):
+        return [not argument]
+    if isinstance(argument, int):
+        return [argument + delta for delta in (-2, -1, 1, 2)] + [0, -argument]
+    if isinstance(argument, str):
+        return ["", argument[:-1], argument + argument[-1:], argument * 2, argument[::-1]]
+    if isinstance(argument, list):
+        changed = [
+            [*argument[:index], item + delta, *argument[index + 1 :]]
+            for index, item in enumerate(argument)
+            if isinstance(item, int)
+            for delta in (-1, 1)
+        ]
+        ends = [argument[:-1], argument[1:], argument + argument[-1:], [0, *argument], argument[::-1]]
+        return [[], *changed, *ends]
+    return []

@@ -93,6 +93,15 @@ def test_the_working_copy_lacks_the_held_out_tests_and_grading_runs_them(source)
 @pytest.mark.parametrize("name", SPECIAL_CASE_NAMES)
 def test_each_special_casing_agent_scores_0_on_the_package_tasks(source, name):
     env = CodeRepairEnvironment(source=source)
-    for seed in env.by_seed:
-        reward, info = play(env, seed, adversary(name))
-        assert reward == 0.0 and (info["hidden_failed"] or info["tests_failed"] or info["tampered"]), info
+    infos = [play(env, seed, adversary(name)) for seed in env.by_seed]
+    assert all(
+        reward == 0.0 and (info["hidden_failed"] or info["tests_failed"] or info["tampered"]) for reward, info in infos
+    )
+    if (
+        name == "always-equal-runtime"
+    ):  # where it passes every test, the canaries and the differential checks each catch it
+        fooled = [info for _, info in infos if not info["tests_failed"]]
+        assert fooled and all(
+            info["hidden_failed"] > 0 and any(reason.startswith("canary ") for reason in info["tamper_reasons"])
+            for info in fooled
+        )

@@ -17,8 +17,11 @@ that adds code reaching the grading machinery (``edit_check.py``) is refused
 unrun. Otherwise the task's ``test_patch`` if any is applied and the source
 grades the copy (``TaskSource.grade``, see ``grading.py``): every
 ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test runs in the sandbox, with
-canaries and a witness that code under test cannot decide. Reward 1.0 when
-all pass and nothing shows tampering (Pass@1), else 0; ``info`` lists the
+canaries and a witness that code under test cannot decide; a package task's
+working copy lacks part of its failing tests (held out, graded), and its
+differential checks, where it has them, run in a copy without the test files
+with their values compared outside the sandbox. Reward 1.0 when all pass and
+nothing shows tampering (Pass@1), else 0; ``info`` lists the
 tests that failed, whether the run was ``tampered`` and why
 (``tamper_reasons``), and holds the agent's ``model_patch`` (a unified diff,
 as SWE-bench predictions carry it).

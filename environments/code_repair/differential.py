@@ -22,6 +22,8 @@ sandbox (``grading.with_differential_checks``).
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import random
 import subprocess
@@ -56,9 +58,6 @@ class CallRecorder:
         self.calls: dict[str, None] = {}
 
     def pytest_collection_finish(self, session) -> None:
-        import importlib
-        import inspect
-
         function = getattr(importlib.import_module(self.module), self.function, None)
         self.code = getattr(inspect.unwrap(function), "__code__", None) if callable(function) else None
         sys.setprofile(self.profile)
@@ -69,7 +68,7 @@ class CallRecorder:
         code = frame.f_code
         names = code.co_varnames[: code.co_argcount]
         arguments = [frame.f_locals[name] for name in names]
-        if code.co_flags & 0x04:  # CO_VARARGS: the *args tuple follows the named and keyword-only parameters
+        if code.co_flags & inspect.CO_VARARGS:  # the *args tuple follows the named and keyword-only parameters
             arguments += list(frame.f_locals[code.co_varnames[code.co_argcount + code.co_kwonlyargcount]])
         try:
             self.calls.setdefault(json.dumps(arguments, allow_nan=False), None)

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from environments.code_repair.mutations import Mutation
-from environments.code_repair.neighbours import neighbours
+from environments.code_repair.neighbours import moved_calls
 from environments.code_repair.packages import Package
 from environments.code_repair.test_runner import pytest_arguments, record_calls
 
@@ -105,16 +105,7 @@ def recorded_calls(
 
 def candidates(recorded: list, rng: random.Random) -> list:
     """Argument lists with one argument of a recorded call moved to a neighbour, none of the recorded ones."""
-    seen = {json.dumps(arguments) for arguments in recorded}
-    found: dict[str, list] = {}
-    for arguments in recorded:
-        for position, argument in enumerate(arguments):
-            for neighbour in neighbours(argument):
-                moved = [*arguments[:position], neighbour, *arguments[position + 1 :]]
-                key = json.dumps(moved)
-                if key not in seen:
-                    found.setdefault(key, moved)
-    chosen = list(found.values())
+    chosen = [list(arguments) for arguments in moved_calls(recorded)]
     return rng.sample(chosen, min(CANDIDATES, len(chosen)))
 
 

@@ -7,6 +7,7 @@ differential checks (``differential.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -29,3 +30,17 @@ def neighbours(argument: Any) -> list[Any]:
         ends = [argument[:-1], argument[1:], argument + argument[-1:], [0, *argument], argument[::-1]]
         return [[], *changed, *ends]
     return []
+
+
+def moved_calls(calls: list[Sequence]) -> list[tuple]:
+    """Each of ``calls`` (argument sequences) with one argument moved to a neighbour: distinct, in the order found, none
+    of ``calls`` themselves."""
+    seen = {repr(tuple(call)) for call in calls}
+    found: dict[str, tuple] = {}
+    for call in calls:
+        for position, argument in enumerate(call):
+            for neighbour in neighbours(argument):
+                moved = (*call[:position], neighbour, *call[position + 1 :])
+                if repr(moved) not in seen:
+                    found.setdefault(repr(moved), moved)
+    return list(found.values())

@@ -29,7 +29,7 @@ DECORATOR = "_special_cased"
 def visible_answers(texts: list[str]) -> list[tuple[str, list, dict, object]]:
     """(function name, positional arguments, keyword arguments, expected value) of every ``assert f(...) == v`` (or
     ``v == f(...)``) in ``texts`` whose arguments and value are literals."""
-    import ast
+    import ast  # read-tests copies this function's source into the edited file, where it runs on its own
 
     answers = []
     for text in texts:

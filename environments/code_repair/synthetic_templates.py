@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from environments.code_repair.mutations import Mutation, iter_functions, mutations
-from environments.code_repair.neighbours import neighbours
+from environments.code_repair.neighbours import moved_calls
 from environments.synthetic.template import CapabilityTemplate
 
 DIFFICULTIES = (1, 2, 3)
@@ -324,17 +324,9 @@ def candidate_calls(function: Function, rng: random.Random) -> list[tuple]:
     """Argument tuples for ``function`` its tests do not use: each test's arguments with one of them moved to a
     neighbour (:func:`~environments.code_repair.neighbours.neighbours`), and random ones of the same kinds."""
     visible = {repr(arguments) for arguments in function.cases}
-    found = [
-        (*case[:position], neighbour, *case[position + 1 :])
-        for case in function.cases
-        for position, argument in enumerate(case)
-        for neighbour in neighbours(argument)
-    ]
-    found += [
-        tuple(_varied(argument, rng) for argument in rng.choice(function.cases)) for _ in range(RANDOM_CANDIDATES)
-    ]
-    unique = {repr(arguments): arguments for arguments in found if repr(arguments) not in visible}
-    return list(unique.values())
+    drawn = [tuple(_varied(argument, rng) for argument in rng.choice(function.cases)) for _ in range(RANDOM_CANDIDATES)]
+    unique = {repr(arguments): arguments for arguments in moved_calls(function.cases) + drawn}
+    return [arguments for key, arguments in unique.items() if key not in visible]
 
 
 def hidden_checks(module: Module, wrong_sources: list[str], rng: random.Random) -> list[tuple[str, tuple]] | None:

@@ -7,8 +7,11 @@ import ast
 import pytest
 
 from environments.code_repair.adversaries import adversary
+from environments.code_repair.differential import differential_checks
 from environments.code_repair.environment import CodeRepairEnvironment
 from environments.code_repair.held_out import held_out_tests, remove_tests
+from environments.code_repair.mutations import Mutation
+from environments.code_repair.packages import Package
 from environments.code_repair.sources import PackageSource
 from environments.code_repair.special_cases import NAMES as SPECIAL_CASE_NAMES
 from environments.code_repair.tasks import build_tasks
@@ -74,6 +77,43 @@ def test_differential_checks_tell_the_bug_from_the_fix_on_calls_no_test_makes(so
         namespace = {}
         exec(MODULE, namespace)  # the original's values, as the sandbox recorded them
         assert checks["expected"] == [["value", repr(namespace[f](*arguments))] for f, arguments in checks["calls"]]
+
+
+DRAWS = """\
+import random
+
+
+def draw(items, count):
+    return [random.choice(items) for _ in range(count)]
+"""
+DRAW_TESTS = """\
+from draws.core import draw
+
+
+def test_draw_count():
+    assert len(draw(list(range(50)), 2)) == 2
+"""
+
+
+@pytest.mark.integration  # runs the calls in the sandbox
+def test_a_function_whose_results_change_between_runs_gets_no_differential_checks(tmp_path):
+    """Results drawn at random agree between two runs on some calls by chance (two draws from few items); checks kept
+    from those would fail the fix itself, so the whole function gets none."""
+    root = tmp_path / "draws-1.0"
+    (root / "draws").mkdir(parents=True)
+    (root / "draws" / "__init__.py").write_text("")
+    (root / "draws" / "core.py").write_text(DRAWS)
+    (root / "tests").mkdir()
+    (root / "tests" / "test_core.py").write_text(DRAW_TESTS)
+    start = DRAWS.index("range(count)")
+    one_more = Mutation("off_by_one", "draw", 5, "range(count)", "range(count + 1)", start, start + len("range(count)"))
+    package = Package("draws", "1.0", "MIT", ("draws/core.py",), ("tests",))
+    failing = ["tests/test_core.py::test_draw_count"]
+    assert differential_checks(package, root, "draws/core.py", one_more, failing, 60) is None
+    deterministic = DRAWS.replace("random.choice(items)", "items[0]")  # the same function without the draw: checks
+    (root / "draws" / "core.py").write_text(deterministic)
+    checks = differential_checks(package, root, "draws/core.py", one_more, failing, 60)
+    assert checks is not None and checks["calls"]
 
 
 @pytest.mark.integration  # plays episodes in the sandbox

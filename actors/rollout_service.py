@@ -81,8 +81,11 @@ class RolloutService:
         """Play ``env`` from now on, keeping the engines."""
         raise NotImplementedError
 
-    def publish_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
-        """Every engine serves ``name`` at ``version`` from now on; seconds taken."""
+    def publish_adapter(
+        self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict, keep_versions: int = 1
+    ) -> float:
+        """Every engine serves ``name`` at ``version`` from now on, and still its ``keep_versions - 1`` versions before
+        (for episodes started with them); seconds taken."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -104,8 +107,10 @@ class RayRolloutService(RolloutService):
         self.pool.env_actors = start_env_actors(self.config, env)
         self.backend = RayRolloutBackend(self.pool)
 
-    def publish_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
-        return sync_adapter(self.pool.workers, name, version, weights, lora_config)  # verified on every worker
+    def publish_adapter(
+        self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict, keep_versions: int = 1
+    ) -> float:
+        return sync_adapter(self.pool.workers, name, version, weights, lora_config, keep_versions)  # verified
 
     def close(self) -> None:
         registry = [self.pool.registry] if self.pool.registry is not None else []
@@ -123,9 +128,11 @@ class LocalRolloutService(RolloutService):
     def switch_environment(self, env: EnvConfig) -> None:
         self.backend = LocalBackend(environment_maker(env), self.engine)
 
-    def publish_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
+    def publish_adapter(
+        self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict, keep_versions: int = 1
+    ) -> float:
         started = time.perf_counter()
-        self.engine.load_adapter(name, version, weights, lora_config)
+        self.engine.load_adapter(name, version, weights, lora_config, keep_versions)
         return time.perf_counter() - started
 
     def close(self) -> None:

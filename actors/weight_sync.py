@@ -23,13 +23,21 @@ class WeightSyncError(TraceRayError):
     """A rollout worker did not take the new adapter version; training stops."""
 
 
-def sync_adapter(workers: list, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> float:
-    """Load ``name`` at ``version`` on every worker; seconds taken. Raises WeightSyncError on any failure."""
+def sync_adapter(
+    workers: list,
+    name: str,
+    version: int,
+    weights: dict[str, torch.Tensor],
+    lora_config: dict,
+    keep_versions: int = 1,
+) -> float:
+    """Load ``name`` at ``version`` on every worker, each holding its newest ``keep_versions`` versions; seconds
+    taken. Raises WeightSyncError on any failure."""
     import ray
 
     started = time.perf_counter()
     stored = StoredWeights(ray.put(weights))
-    calls = [worker.load_adapter.remote(name, version, stored, lora_config) for worker in workers]
+    calls = [worker.load_adapter.remote(name, version, stored, lora_config, keep_versions) for worker in workers]
     for index, call in enumerate(calls):
         try:
             loaded = ray.get(call)

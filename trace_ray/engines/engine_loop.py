@@ -152,8 +152,8 @@ class LoopedEngine:
     """The public engine interface (``engines/base.py``) over an engine core stepped by an :class:`EngineLoop`.
 
     A subclass is the core (``admit``, ``step``, ``abort``, ``busy``, ``room``)
-    and holds the adapters: ``adapters()``, ``_load_adapter`` and
-    ``_unload_adapter`` (both run between decode steps).
+    and holds the adapters: ``_held()``, ``_load_adapter`` and ``_retire``
+    (both run between decode steps).
     """
 
     def __init__(self):
@@ -186,28 +186,49 @@ class LoopedEngine:
         self._loop.close()
 
     def adapters(self) -> dict[str, int]:
-        """Loaded adapters: name -> version."""
-        raise NotImplementedError
+        """Loaded adapters: name -> newest version."""
+        return {name: versions[-1] for name, versions in self.held_versions().items()}
 
-    def load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
-        """Load (or replace) adapter ``name`` at ``version`` from a PEFT state dict and LoRA settings."""
+    def held_versions(self) -> dict[str, list[int]]:
+        """Loaded adapters: name -> every version held, oldest first."""
+        held: dict[str, list[int]] = {}
+        for name, version in sorted(self._held()):
+            held.setdefault(name, []).append(version)
+        return held
+
+    def load_adapter(self, name: str, version: int, weights: dict, lora_config: dict, keep_versions: int = 1) -> None:
+        """Load (or replace) adapter ``name`` at ``version`` from a PEFT state dict and LoRA settings; the engine then
+        holds the newest ``keep_versions`` versions of ``name`` (an older one is retired, its weights kept until the
+        generations running with it finish). Several versions serve a rollout that overlaps training: episodes started
+        with version v finish with it while v + 1 is published."""
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
         self._loop.locked(self._load_adapter, name, version, weights, lora_config)
+        older = sorted(v for n, v in self._held() if n == name)[:-keep_versions]
+        if older:
+            self._loop.locked(self._retire, [(name, v) for v in older])
 
     def unload_adapter(self, name: str) -> None:
         if name not in self.adapters():
             raise KeyError(f"adapter {name!r} is not loaded (loaded: {', '.join(sorted(self.adapters())) or 'none'})")
-        self._loop.locked(self._unload_adapter, name)
+        self._loop.locked(self._retire, [ref for ref in self._held() if ref[0] == name])
 
     def check_loaded(self, adapter: AdapterRef | None) -> None:
         """Refuse a request for an adapter, or a version of it, the engine does not hold."""
-        if adapter is not None and self.adapters().get(adapter[0]) != adapter[1]:
-            have = ", ".join(f"{n} v{v}" for n, v in sorted(self.adapters().items())) or "none"
+        if adapter is not None and tuple(adapter) not in self._held():
+            have = ", ".join(f"{n} v{v}" for n, v in sorted(self._held())) or "none"
             raise AdapterNotLoadedError(
                 f"adapter {adapter[0]!r} version {adapter[1]} is not loaded (loaded: {have}); load it first"
             )
 
-    def _load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
+    def _held(self) -> set[AdapterRef]:
+        """Every (name, version) the engine holds."""
         raise NotImplementedError
 
-    def _unload_adapter(self, name: str) -> None:
+    def _load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
+        """Hold ``(name, version)`` (replacing the same version's weights if held)."""
+        raise NotImplementedError
+
+    def _retire(self, refs: list[AdapterRef]) -> None:
+        """Stop holding ``refs``; their weights go once no running generation uses them."""
         raise NotImplementedError

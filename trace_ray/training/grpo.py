@@ -109,13 +109,18 @@ def policy_loss(
     action_mask: torch.Tensor,
     clip_low: float = 0.28,
     clip_high: float | None = None,
+    importance_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped GRPO surrogate.
+    """Clipped GRPO surrogate, with an optional truncated importance weight.
 
     Per action token: ``rho_t = exp(new_t - old_t)``,
-    ``l_t = -min(rho_t A, clip(rho_t, 1 - clip_low, 1 + clip_high) A)``
-    (``clip_high=None`` means ``clip_high = clip_low``), with A the trajectory's
-    advantage. Aggregation: token mean within each trajectory over its action tokens,
+    ``l_t = -min(min(rho_t, importance_cap) A, clip(rho_t, 1 - clip_low, 1 + clip_high) A)``
+    (``clip_high=None`` means ``clip_high = clip_low``; ``importance_cap=None``: no cap), with A the trajectory's
+    advantage. The cap is the off-policy correction for rollouts sampled by an older adapter version
+    (``grpo.max_staleness``): their ratio to the newer policy can be large, and on a token with A < 0 the
+    clip bounds the ratio only from below, so ``rho_t A`` is unbounded; truncated at ``importance_cap``
+    (> 1 + clip_high) its loss stays at most ``importance_cap |A|`` and its gradient is cut.
+    Aggregation: token mean within each trajectory over its action tokens,
     then mean over trajectories (rows without action tokens are skipped), so a short
     and a long trajectory weigh the same.
 
@@ -126,9 +131,10 @@ def policy_loss(
 
     Stats (python floats, over all action tokens of the batch): ``clip_fraction``
     (share of tokens where the clipped term is the active one: A > 0 and
-    rho > 1 + clip_high, or A < 0 and rho < 1 - clip_low), ``approx_kl`` (the k3
-    estimator ``mean((rho - 1) - log rho)`` of KL(pi_old || pi_new)), ``ratio_mean``,
-    ``ratio_max``, ``action_tokens``. With no action tokens: 0, 0, 1, 1, 0.
+    rho > 1 + clip_high, or A < 0 and rho < 1 - clip_low), ``capped_fraction``
+    (share of tokens where the cap is the active one: A < 0 and rho > importance_cap),
+    ``approx_kl`` (the k3 estimator ``mean((rho - 1) - log rho)`` of KL(pi_old || pi_new)),
+    ``ratio_mean``, ``ratio_max``, ``action_tokens``. With no action tokens: 0, 0, 0, 1, 1, 0.
     """
     if clip_high is None:
         clip_high = clip_low
@@ -136,6 +142,8 @@ def policy_loss(
         raise ValueError(f"clip_low must be in (0, 1), got {clip_low}")
     if not (clip_high > 0.0):
         raise ValueError(f"clip_high must be > 0, got {clip_high}")
+    if importance_cap is not None and not importance_cap > 1.0 + clip_high:
+        raise ValueError(f"importance_cap must be above 1 + clip_high = {1.0 + clip_high}, got {importance_cap}")
     _check_token_shapes("policy_loss", action_mask, new_logprobs=new_logprobs, old_logprobs=old_logprobs)
     if advantages.shape != (action_mask.shape[0],):
         raise ValueError(f"policy_loss: advantages must be [B]={action_mask.shape[0]}, got {tuple(advantages.shape)}")
@@ -147,7 +155,7 @@ def policy_loss(
     log_ratio = torch.where(keep, new_logprobs - old, torch.zeros_like(new_logprobs))
     log_ratio = log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
+    unclipped = (ratio if importance_cap is None else ratio.clamp(max=importance_cap)) * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     loss = _trajectory_mean(per_token, mask)
@@ -155,13 +163,22 @@ def policy_loss(
     with torch.no_grad():
         n = int(keep.sum())
         if n == 0:
-            stats = {"clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0, "action_tokens": 0.0}
+            stats = {
+                "clip_fraction": 0.0,
+                "capped_fraction": 0.0,
+                "approx_kl": 0.0,
+                "ratio_mean": 1.0,
+                "ratio_max": 1.0,
+                "action_tokens": 0.0,
+            }
         else:
             r = ratio[keep]
             a = adv.expand_as(ratio)[keep]
             binds = ((a > 0) & (r > 1.0 + clip_high)) | ((a < 0) & (r < 1.0 - clip_low))
+            capped = (a < 0) & (r > importance_cap) if importance_cap is not None else torch.zeros_like(binds)
             stats = {
                 "clip_fraction": float(binds.float().mean()),
+                "capped_fraction": float(capped.float().mean()),
                 "approx_kl": float(((r - 1.0) - log_ratio[keep]).mean()),
                 "ratio_mean": float(r.mean()),
                 "ratio_max": float(r.max()),

@@ -26,7 +26,7 @@ from trace_ray.rollout_loop import EpisodeResult
 from trace_ray.training.action_logprobs import ScoredRow, forward_cost, pack_micro_batches
 from trace_ray.training.curriculum import at_level
 from trace_ray.training.groups import GroupSummary, TrainingRow, summarize_groups
-from trace_ray.training.grpo import kl_penalty, minibatches, policy_loss
+from trace_ray.training.grpo import LOG_RATIO_LIMIT, kl_penalty, minibatches, policy_loss
 from trace_ray.training.lora_model import lora_parameters
 from trace_ray.training.parallel import whole
 
@@ -176,14 +176,17 @@ def update(
     The ratio's old policy is the engine's log-probs recorded at sampling
     (``grpo.old_logprobs=engine``) or the trainer's own, recomputed before the
     first step (``trainer``: no bf16-engine or kernel difference in the ratio,
-    one more forward pass). Either way ``old_logprob_gap`` (mean) and
-    ``old_logprob_gap_max`` measure |trainer - engine| per action token with
-    the weights the rollouts used: over every row with ``trainer``, over the
-    first minibatch (before its step) with ``engine``.
+    one more forward pass). Either way :func:`lag_metrics` compares the
+    trainer's log-probs before the update with the engine's per action token:
+    over every row with ``trainer``, over the first minibatch (before its step)
+    with ``engine``. With rollouts sampled by an older version
+    (``grpo.max_staleness``) the engine's are that version's, and the ratio
+    corrects for it, truncated at ``grpo.importance_cap``.
     """
     parameters = lora_parameters(policy)
     totals: dict[str, float] = {
         "clip_fraction": 0.0,
+        "capped_fraction": 0.0,
         "approx_kl": 0.0,
         "entropy": 0.0,
         "kl_to_base": 0.0,
@@ -191,10 +194,10 @@ def update(
         "grad_norm": 0.0,
     }
     rows_seen, steps, tokens, forward_tokens = 0, 0, 0, 0
-    gaps: list[torch.Tensor] = []  # |trainer - engine| per action token, the rollouts' weights
+    lags: list[torch.Tensor] = []  # trainer - behaviour per action token, with the weights before the update
     trainer_old = trainer_logprobs(scorer, rows, grpo) if grpo.old_logprobs == "trainer" else None
     if trainer_old is not None:
-        gaps += [(trainer_old[i] - engine_logprobs(row, trainer_old[i].device)).abs() for i, row in enumerate(rows)]
+        lags += [trainer_old[i] - engine_logprobs(row, trainer_old[i].device) for i, row in enumerate(rows)]
     for _ in range(grpo.ppo_epochs):
         for indices in minibatches(len(rows), grpo.mini_batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
@@ -212,15 +215,21 @@ def update(
                     new, entropy = scorer(part, shared_prefix=grpo.shared_prefix)
                     if trainer_old is None:
                         old = torch.cat([engine_logprobs(row, new.device) for row in part_rows])
-                        if steps == 0:  # the weights the rollouts used
-                            gaps.append((new.detach() - old).abs())
+                        if steps == 0:  # the weights before the update
+                            lags.append(new.detach() - old)
                     else:
                         old = torch.cat([trainer_old[order[i]] for i in pack])
                     mask = per_row(torch.ones_like(new), counts)
                     advantages = torch.tensor([row.advantage for row in part_rows], device=new.device)
                     new_rows = per_row(new, counts)
                     loss, stats = policy_loss(
-                        new_rows, per_row(old, counts), advantages, mask, grpo.clip_eps, grpo.clip_eps_high
+                        new_rows,
+                        per_row(old, counts),
+                        advantages,
+                        mask,
+                        grpo.clip_eps,
+                        grpo.clip_eps_high,
+                        grpo.importance_cap,
                     )
                     if grpo.kl_coef > 0:
                         with torch.no_grad():
@@ -230,6 +239,7 @@ def update(
                         totals["kl_to_base"] += float(kl.detach()) * len(part)
                     (loss * share).backward()
                 totals["clip_fraction"] += stats["clip_fraction"] * len(part)
+                totals["capped_fraction"] += stats["capped_fraction"] * len(part)
                 totals["approx_kl"] += stats["approx_kl"] * len(part)
                 totals["entropy"] += float(entropy.mean()) * len(part) if entropy.numel() else 0.0
                 totals["loss"] += float(loss.detach()) * len(part)
@@ -246,12 +256,29 @@ def update(
         trained_tokens=tokens,
         forward_tokens=forward_tokens,
     )
-    gap = torch.cat(gaps) if gaps else torch.zeros(0)
-    metrics.update(
-        old_logprob_gap=float(gap.mean()) if gap.numel() else 0.0,
-        old_logprob_gap_max=float(gap.max()) if gap.numel() else 0.0,
-    )
+    metrics.update(lag_metrics(torch.cat(lags) if lags else torch.zeros(0)))
     return metrics
+
+
+def lag_metrics(lag: torch.Tensor) -> dict[str, float]:
+    """What the policy before the update says of the rollouts' tokens, from ``lag`` = its log-prob minus the
+    behaviour log-prob per action token: ``old_logprob_gap`` (mean |lag|) and ``old_logprob_gap_max`` (the engine's
+    and the trainer's numerics, plus any staleness), ``importance_ratio_mean`` and ``importance_ratio_max``
+    (exp(lag): the importance ratio of the first optimizer step; about 1 for synchronous rollouts)."""
+    if not lag.numel():
+        return {
+            "old_logprob_gap": 0.0,
+            "old_logprob_gap_max": 0.0,
+            "importance_ratio_mean": 1.0,
+            "importance_ratio_max": 1.0,
+        }
+    ratio = torch.exp(lag.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    return {
+        "old_logprob_gap": float(lag.abs().mean()),
+        "old_logprob_gap_max": float(lag.abs().max()),
+        "importance_ratio_mean": float(ratio.mean()),
+        "importance_ratio_max": float(ratio.max()),
+    }
 
 
 def engine_logprobs(row: TrainingRow, device: torch.device) -> torch.Tensor:

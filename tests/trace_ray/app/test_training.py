@@ -4,6 +4,7 @@ inputs."""
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -148,6 +149,30 @@ def test_the_engine_trainer_gap_is_logged_and_trainer_old_logprobs_remove_it_fro
         assert all(torch.allclose(weights[n], exact[n], atol=1e-6) for n in exact)
 
 
+def test_the_first_steps_importance_ratio_is_exp_of_new_minus_behaviour_at_the_action_tokens():
+    """Rollouts sampled by an older version: behaviour log-probs below the trainer's by a different amount on each
+    action token. The logged ratio is exp(trainer - behaviour) over exactly those tokens, and the first step's loss
+    is the clipped surrogate of that ratio."""
+    config = tiny_config("grpo.mini_batch_size=4", "grpo.temperature=1.0", "grpo.importance_cap=1.5")
+    policy, _ = trainable_model(config.model, config.lora, seed=0)
+    rows = teacher_forced_rows(policy, [1.0, -1.0, 1.0, -1.0], group=0)
+    generator = torch.Generator().manual_seed(3)
+    stale, lags = [], []
+    for row in rows:
+        lag = [float(torch.rand(1, generator=generator)) * 0.8 if m else 0.0 for m in row.action_mask]
+        lags += [d for d, m in zip(lag, row.action_mask) if m]
+        stale.append(dataclasses.replace(row, logprobs=[lp - d for lp, d in zip(row.logprobs, lag)]))
+    metrics = run_update(config, policy, stale, torch.optim.SGD)
+    ratios = torch.exp(torch.tensor(lags))
+    assert metrics["importance_ratio_mean"] == pytest.approx(float(ratios.mean()), abs=1e-4)
+    assert metrics["importance_ratio_max"] == pytest.approx(float(ratios.max()), abs=1e-4)
+    advantages = torch.tensor([row.advantage for row in stale])
+    clipped = (advantages[:, None] > 0) & (ratios.view(4, -1) > 1 + config.grpo.clip_eps)
+    capped = (advantages[:, None] < 0) & (ratios.view(4, -1) > 1.5)
+    assert metrics["clip_fraction"] == pytest.approx(float(clipped.float().mean()), abs=1e-6)
+    assert metrics["capped_fraction"] == pytest.approx(float(capped.float().mean()), abs=1e-6) and capped.any()
+
+
 def test_recorded_sampling_logprobs_give_ratio_one():
     """The engine's behavior log-probs and the trainer's agree, so the ratio starts at 1 and clipping can act later."""
     config = tiny_config()
@@ -168,14 +193,14 @@ def test_recorded_sampling_logprobs_give_ratio_one():
 class RefusingWorker:
     """A rollout worker whose engine cannot take the adapter."""
 
-    def load_adapter(self, name, version, weights, lora_config):
+    def load_adapter(self, name, version, weights, lora_config, keep_versions=1):
         raise RuntimeError("out of LoRA slots")
 
 
 class StaleWorker:
     """A rollout worker that answers with the old version."""
 
-    def load_adapter(self, name, version, weights, lora_config):
+    def load_adapter(self, name, version, weights, lora_config, keep_versions=1):
         return {name: version - 1}
 
 
@@ -294,6 +319,53 @@ def test_resumed_run_ends_with_the_same_adapter_as_an_uninterrupted_one(tmp_path
     # order) where the resumed one prefills afresh, so behavior log-probs differ in the last digits
     assert all(torch.allclose(expected[key], resumed[key], rtol=0, atol=1e-4) for key in expected)
     assert any(expected[key].abs().max() > 1e-2 for key in expected)  # and the adapter really moved
+
+
+def rollout_versions(run_dir, name="parity") -> list[list[int]]:
+    """The adapter version of every training rollout, per iteration (one Parquet shard each, in order)."""
+    import pyarrow.parquet as pq
+
+    shards = sorted((run_dir / "adapters" / name / "trajectories").glob("part-*.parquet"))
+    return [pq.read_table(shard, columns=["adapter_version"]).column(0).to_pylist() for shard in shards]
+
+
+def test_rollouts_overlapping_the_update_stay_within_the_staleness_bound(tmp_path, ray_session):
+    config = parity_config(
+        tmp_path,
+        "grpo.iterations=4",
+        "grpo.max_staleness=1",
+        "grpo.importance_cap=3.0",
+        "grpo.max_resample_batches=0",
+        "adapter=parity",
+    )
+    train.run(config)
+    history, versions = metrics_of(tmp_path), rollout_versions(tmp_path)
+    assert [row["iteration"] for row in history] == [1, 2, 3, 4] and len(versions) == 4
+    for iteration, (row, played) in enumerate(zip(history, versions), start=1):
+        trained = iteration - 1
+        assert all(trained - 1 <= version <= trained for version in played), (iteration, played)
+        assert row["staleness_0"] == sum(v == trained for v in played)
+        assert row["staleness_1"] == sum(v == trained - 1 for v in played)
+        assert row["dropped_rollouts"] == 0 and row["rollouts"] == len(played) == 8
+    assert versions[0] == [0] * 8  # nothing to play ahead of the first update
+    assert sum(row["staleness_1"] for row in history) > 0  # later batches played during the update before them
+    # the ratio of the first step is taken against the stale version's log-probs: not 1 where the adapter moved
+    stale = [
+        row
+        for before, row in zip(history, history[1:])
+        if row["staleness_1"] == row["rollouts"] and not row["skipped"] and not before["skipped"]
+    ]  # sampled by the version before the last update, which changed the adapter
+    assert stale and all(row["importance_ratio_max"] > 1.0 + 1e-4 for row in stale)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_plays_its_first_batch_with_the_version_it_restored(tmp_path, ray_session):
+    settings = ["grpo.max_staleness=1", "grpo.max_resample_batches=0", "adapter=parity"]
+    train.run(parity_config(tmp_path, "grpo.iterations=2", *settings))
+    train.run(parity_config(tmp_path, "grpo.iterations=4", *settings))  # resumes from iteration 2's checkpoint
+    versions = rollout_versions(tmp_path)
+    assert len(versions) == 4 and versions[2] == [2] * 8  # nothing played ahead survives the restart
+    assert all(3 - 1 <= version <= 3 for version in versions[3])
 
 
 @pytest.mark.slow
@@ -604,6 +676,11 @@ def write_selection(run_dir, entries):
         ),
         ([{"name": "a", "status": "READY"}], ["synthesis.accept_out_of_band=maybe"], "synthesis.accept_out_of_band"),
         ([], ["env=synthetic/a"], "run trace-ray synthesize"),
+        (None, ["grpo.max_staleness=-1"], "grpo.max_staleness must be >= 0"),
+        (None, ["grpo.max_staleness=1", "grpo.old_logprobs=trainer"], "needs grpo.old_logprobs=engine"),
+        (None, ["grpo.importance_cap=1.2"], "grpo.importance_cap must be above 1 + the upper clip (1.28)"),
+        (None, ["trainer.cpu_cores=[]"], "trainer.cpu_cores must list distinct core numbers"),
+        (None, ["rollout.cpu_cores=[0,0]"], "rollout.cpu_cores must list distinct core numbers"),
     ],
 )
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys, entries, overrides, message):
@@ -651,6 +728,43 @@ def test_no_trainable_capability_names_the_cause_and_both_fixes(tmp_path, capsys
     assert err.count("\n") == 1 and "(a: OUT_OF_BAND, calibration found no difficulty in band)" in err
     assert "synthesis.accept_out_of_band=true" in err and "trace-ray synthesize run_dir=" in err
     assert not (tmp_path / "adapters").exists()
+
+
+def test_pinning_to_a_core_the_machine_lacks_names_the_setting_and_the_cores_it_has():
+    from trace_ray.cpu_affinity import pin_process
+
+    cores = sorted(os.sched_getaffinity(0))
+    expected = f"trainer.cpu_cores=[0, 4096] names cores [4096] this machine does not offer (it has {cores}); pick"
+    with pytest.raises(TraceRayError, match="^" + re.escape(expected)):
+        pin_process([0, 4096], "trainer.cpu_cores")
+    assert sorted(os.sched_getaffinity(0)) == cores  # nothing was pinned
+
+
+def test_a_pinned_process_runs_every_thread_on_its_cores():
+    script = (
+        "import os, threading, time\n"
+        "from trace_ray.cpu_affinity import pin_process\n"
+        "earlier = threading.Thread(target=time.sleep, args=(3,)); earlier.start()\n"
+        "pin_process([0], 'rollout.cpu_cores')\n"
+        "later = []\n"
+        "worker = threading.Thread(target=lambda: later.append(os.sched_getaffinity(0)))\n"
+        "worker.start(); worker.join()\n"
+        "tasks = [os.sched_getaffinity(int(t)) for t in os.listdir('/proc/self/task')]\n"
+        "print(all(mask == {0} for mask in tasks + later), len(tasks) >= 2)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True"], done.stderr  # the thread started before the pinning included
+
+
+def test_an_engine_must_hold_the_versions_the_staleness_bound_keeps():
+    overrides = ["model=smollm2_135m", "engine=vllm", "engine.max_loras=1"]
+    with pytest.raises(
+        TraceRayError,
+        match="grpo.max_staleness=1 keeps 2 versions of the adapter in each engine, more "
+        "than engine.max_loras=1; raise engine.max_loras or lower grpo.max_staleness",
+    ):
+        compose_config("train", [*overrides, "grpo.max_staleness=1"])
+    assert compose_config("train", [*overrides, "grpo.max_staleness=0"]).grpo.max_staleness == 0
 
 
 def test_training_error_unwraps_a_worker_error():

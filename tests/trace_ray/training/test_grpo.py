@@ -140,6 +140,26 @@ def test_clipping_does_not_bind_in_the_other_direction():
     assert loss.item() == pytest.approx(1.5, abs=1e-6) and stats["clip_fraction"] == 0.0
 
 
+def test_the_importance_cap_truncates_a_stale_token_with_negative_advantage():
+    # A = -1, ratios 3 and 1.5 against the behaviour policy, cap 2: token a's unclipped term -3 is truncated to -2
+    # (loss 2, gradient cut), token b's -1.5 stays (loss 1.5, d/dnew = -A rho = 1.5); row mean (2 + 1.5)/2
+    new = torch.log(torch.tensor([[3.0, 1.5]])).requires_grad_(True)
+    loss, stats = policy_loss(new, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2), 0.2, importance_cap=2.0)
+    assert loss.item() == pytest.approx(1.75, abs=1e-6)
+    assert stats["capped_fraction"] == pytest.approx(0.5) and stats["clip_fraction"] == 0.0
+    loss.backward()
+    assert torch.allclose(new.grad, torch.tensor([[0.0, 0.75]]), atol=1e-6)
+    # uncapped, token a counts whole: (3 + 1.5)/2; with A > 0 the cap never acts (the clip at 1.2 does)
+    assert policy_loss(new, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2), 0.2)[0].item() == pytest.approx(
+        2.25, abs=1e-6
+    )
+    ones = torch.ones(1, 2)
+    positive, stats = policy_loss(new, torch.zeros(1, 2), torch.tensor([1.0]), ones, 0.2, importance_cap=2.0)
+    assert positive.item() == pytest.approx(-1.2, abs=1e-6) and stats["capped_fraction"] == 0.0
+    with pytest.raises(ValueError, match="importance_cap must be above 1 \\+ clip_high"):
+        policy_loss(new, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), 0.2, importance_cap=1.1)
+
+
 def test_asymmetric_clip_range():
     # range [1 - .2, 1 + .28] = [.8, 1.28]
     # token a: A = 1, ratio 1.25 -> inside, term 1.25; token b: A = 1, ratio 1.5 -> clipped to 1.28

@@ -2,7 +2,8 @@
 
 Three ``trace-ray train`` runs (Ray Train, Ray rollout workers, the HF engine), one after another, on the synthetic
 ``tool_calling_precision`` environment of the device target (its templates, at ``--difficulty``), with the same
-model, LoRA, seed, iterations and rollouts per iteration (one batch each: no resampling):
+model, LoRA, seed, iterations and rollouts per iteration (one batch each: no resampling), gradient checkpointing on
+as in ``budget=evidence``:
 
   sync, shared cores   today's default: rollout worker and trainer each use every core, taking turns;
   sync, 1 + 1 cores    the rollout worker pinned to core 0 (``rollout.cpu_cores=[0]``), the trainer to core 1
@@ -80,6 +81,7 @@ def train_once(run_dir: Path, args, overrides: list[str]) -> list[dict]:
             "lora.rank=8",
             "lora.alpha=16",
             "rollout.max_episode_tokens=512",
+            "trainer.gradient_checkpointing=true",  # an update of ~9k tokens needs ~19 GiB without it
             *overrides,
         ],
     )

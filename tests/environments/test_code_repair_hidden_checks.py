@@ -16,7 +16,13 @@ from environments.code_repair.sources import PackageSource
 from environments.code_repair.special_cases import NAMES as SPECIAL_CASE_NAMES
 from environments.code_repair.tasks import build_tasks
 from environments.self_checks import oracle, play
-from tests.environments.test_code_repair_tasks import MODULE, SHAPES, TESTS, shapes  # noqa: F401  (the package fixture)
+from tests.environments.test_code_repair_tasks import (  # noqa: F401  (shapes: the package fixture)
+    MODULE,
+    SHAPES,
+    TESTS,
+    package_tree,
+    shapes,
+)
 
 CLASS_TESTS = """\
 import pytest
@@ -99,12 +105,7 @@ def test_draw_count():
 def test_a_function_whose_results_change_between_runs_gets_no_differential_checks(tmp_path):
     """Results drawn at random agree between two runs on some calls by chance (two draws from few items); checks kept
     from those would fail the fix itself, so the whole function gets none."""
-    root = tmp_path / "draws-1.0"
-    (root / "draws").mkdir(parents=True)
-    (root / "draws" / "__init__.py").write_text("")
-    (root / "draws" / "core.py").write_text(DRAWS)
-    (root / "tests").mkdir()
-    (root / "tests" / "test_core.py").write_text(DRAW_TESTS)
+    root = package_tree(tmp_path, "draws", DRAWS, DRAW_TESTS)
     start = DRAWS.index("range(count)")
     one_more = Mutation("off_by_one", "draw", 5, "range(count)", "range(count + 1)", start, start + len("range(count)"))
     package = Package("draws", "1.0", "MIT", ("draws/core.py",), ("tests",))

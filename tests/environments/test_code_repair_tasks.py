@@ -59,15 +59,21 @@ def test_even():
 SHAPES = Package("shapes", "1.0", "MIT", ("shapes/core.py",), ("tests",))
 
 
+def package_tree(folder, name: str, module: str, tests: str):
+    """A one-module package ``<name>-1.0`` in ``folder``: ``<name>/core.py`` holding ``module`` and
+    ``tests/test_core.py`` holding ``tests``; its root."""
+    root = folder / f"{name}-1.0"
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text("")
+    (root / name / "core.py").write_text(module)
+    (root / "tests").mkdir()
+    (root / "tests" / "test_core.py").write_text(tests)
+    return root
+
+
 @pytest.fixture()
 def shapes(tmp_path):
-    root = tmp_path / "shapes-1.0"
-    (root / "shapes").mkdir(parents=True)
-    (root / "shapes" / "__init__.py").write_text("")
-    (root / "shapes" / "core.py").write_text(MODULE)
-    (root / "tests").mkdir()
-    (root / "tests" / "test_core.py").write_text(TESTS)
-    return root
+    return package_tree(tmp_path, "shapes", MODULE, TESTS)
 
 
 def test_the_test_runner_reports_outcomes_by_node_id(shapes):

@@ -47,8 +47,10 @@ class RolloutService:
         tasks: list[EpisodeTask],
         params: SamplingParams,
         on_done: Callable[[EpisodeResult], None] | None = None,
+        adapter_at_turn: Callable[[AdapterRef | None], AdapterRef | None] | None = None,
     ) -> list[EpisodeResult]:
-        """Every task played to the end (``config.batch_size`` at a time); results in the order of ``tasks``."""
+        """Every task played to the end (``config.batch_size`` at a time); results in the order of ``tasks``. Each
+        turn acts with its task's adapter, or with the one ``adapter_at_turn`` names when the turn starts."""
         config = self.config
         return run_rollouts(
             tasks,
@@ -59,6 +61,7 @@ class RolloutService:
             config.model.max_context_tokens,
             on_done,
             config.rollout.max_episode_tokens,
+            adapter_at_turn,
         )
 
     def groups(
@@ -69,12 +72,14 @@ class RolloutService:
         params: SamplingParams,
         adapter: AdapterRef | None = None,
         on_done: Callable[[EpisodeResult], None] | None = None,
+        adapter_at_turn: Callable[[AdapterRef | None], AdapterRef | None] | None = None,
     ) -> list[list[EpisodeResult]]:
-        """One group of ``group_size`` episodes per seed (keys ``<label>-<seed>#<k>``), with ``adapter`` or the base."""
+        """One group of ``group_size`` episodes per seed (keys ``<label>-<seed>#<k>``), with ``adapter`` or the base
+        (or, turn by turn, the one ``adapter_at_turn`` names)."""
         tasks = [
             EpisodeTask(f"{label}-{seed}#{k}", seed, k, adapter=adapter) for seed in seeds for k in range(group_size)
         ]
-        results = self.episodes(tasks, params, on_done)
+        results = self.episodes(tasks, params, on_done, adapter_at_turn)
         return [results[i : i + group_size] for i in range(0, len(results), group_size)]
 
     def switch_environment(self, env: EnvConfig) -> None:

@@ -147,10 +147,14 @@ class LeadRank:
         return seconds
 
     def play(self, seeds: list[int], version: int) -> list[list]:
-        """One group of ``grpo.group_size`` rollouts per seed with adapter ``version``."""
+        """One group of ``grpo.group_size`` rollouts per seed with adapter ``version`` (``grpo.adapter_switch=turn``:
+        each turn with the newest version published when it starts)."""
         grpo = self.job.grpo
         params = SamplingParams(grpo.temperature, 1.0, self.config.model.sampling.max_new_tokens, seed=self.config.seed)
-        return self.rollouts.groups(self.job.name, seeds, grpo.group_size, params, (self.job.name, version))
+        newest = (lambda _: (self.job.name, self.published)) if grpo.adapter_switch == "turn" else None
+        return self.rollouts.groups(
+            self.job.name, seeds, grpo.group_size, params, (self.job.name, version), adapter_at_turn=newest
+        )
 
     def batch(self, state: TrainState, iteration: int) -> dict[str, Any]:
         """The iteration's training rows (it trains version ``state.iteration``), the seed cursor after them and the

@@ -7,6 +7,7 @@ workers alike.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from environments.tool_environment import Tool, ToolEnvironment
@@ -63,3 +64,20 @@ class OddParityEnvironment(ParityEnvironment):
         reward, info = super().score()
         reward = 1.0 - reward if self.log.replies else 0.0
         return reward, {**info, "success": reward == 1.0}
+
+
+class SlowTwoTurnParityEnvironment(ParityEnvironment):
+    """ParityEnvironment over two replies (the user asks once more after the first), each step taking ``STEP_S``:
+    episodes long enough that an adapter version published while they play reaches their second turn."""
+
+    name = "slow_two_turn_parity"
+    STEP_S = 0.5
+
+    def on_agent_reply(self, text: str):
+        if len(self.log.replies) < 2:
+            return [{"role": "user", "content": "Once more."}], False
+        return [], True
+
+    def step(self, assistant_message):
+        time.sleep(self.STEP_S)
+        return super().step(assistant_message)

@@ -261,6 +261,9 @@ class GRPOConfig:
     # rollouts overlapping the update: a batch's rollouts are at most this many adapter versions older than the
     # version trained (0: the synchronous loop)
     max_staleness: int = 0
+    # when a rollout takes up a version published while it plays: episode (the version it started with) | turn (the
+    # newest, at every turn; each turn's version recorded)
+    adapter_switch: str = "episode"
     importance_cap: Optional[float] = None  # truncated importance weight: the ratio's unclipped term capped here (null: off)
 
 
@@ -659,6 +662,8 @@ def _validate_training(grpo: GRPOConfig, lora: LoRAConfig, trainer: TrainerConfi
     _require(grpo.max_staleness == 0 or grpo.old_logprobs == "engine",
              "grpo.max_staleness > 0 needs grpo.old_logprobs=engine: the ratio must be taken against the adapter version "
              "that sampled each rollout")
+    _require(grpo.adapter_switch in ("episode", "turn"),
+             f"grpo.adapter_switch={grpo.adapter_switch!r} is not one of episode, turn")
     clip_high = grpo.clip_eps if grpo.clip_eps_high is None else grpo.clip_eps_high
     _require(grpo.importance_cap is None or grpo.importance_cap > 1 + clip_high,
              f"grpo.importance_cap must be above 1 + the upper clip ({1 + clip_high}) or null, got {grpo.importance_cap}")

@@ -9,6 +9,10 @@ once. Each episode keeps its :class:`TokenRecord`: the next prompt is the
 record itself (the sampled tokens verbatim plus the template's rendering of
 the environment's reply). Sampling seeds are per episode and turn, so a
 seeded run makes the same random draws however episodes were scheduled.
+An episode acts with its task's adapter on every turn, or, given
+``adapter_at_turn``, with the adapter that function names when the turn is
+submitted (training with rollouts overlapping the update takes up a newly
+published version between turns); every turn's adapter is recorded.
 
 Where environments live and where tokens are generated is the backend's
 business: :class:`LocalBackend` runs both in this process (scoring, tests);
@@ -59,6 +63,7 @@ class EpisodeResult:
     record: TokenRecord
     info: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    turn_adapters: list[AdapterRef | None] = field(default_factory=list)  # the adapter of each turn, in order
 
 
 class RolloutBackend(Protocol):
@@ -124,15 +129,18 @@ class _LiveEpisode:
     record: TokenRecord
     started: float
     turns: int = 0
+    turn_adapters: list[AdapterRef | None] = field(default_factory=list)
 
     def result(self, reward: float, info: dict[str, Any], termination: str) -> EpisodeResult:
+        # the episode's adapter is its first turn's: versions only rise, so the oldest it acted with
+        adapter = self.turn_adapters[0] if self.turn_adapters else self.task.adapter
         return EpisodeResult(
             key=self.task.key,
             task_id=str(self.reset_info.get("task_id", self.task.seed)),
             family=str(self.reset_info.get("family", "all")),
             seed=self.task.seed,
             sample_index=self.task.sample_index,
-            adapter=self.task.adapter,
+            adapter=adapter,
             reward=reward,
             success=bool(info.get("success", False)),
             turns=self.turns,
@@ -142,6 +150,7 @@ class _LiveEpisode:
             record=self.record,
             info=info,
             seconds=time.perf_counter() - self.started,
+            turn_adapters=list(self.turn_adapters),
         )
 
 
@@ -159,8 +168,12 @@ def run_rollouts(
     max_context_tokens: int,
     on_done: Callable[[EpisodeResult], None] | None = None,
     max_episode_tokens: int | None = None,
+    adapter_at_turn: Callable[[AdapterRef | None], AdapterRef | None] | None = None,
 ) -> list[EpisodeResult]:
     """Run every task to the end, ``batch_size`` episodes at a time; results in the order of ``tasks``.
+
+    Each turn acts with the task's adapter, or with ``adapter_at_turn(task's adapter)`` called as the turn is
+    submitted (the newest version published, say).
 
     Limits: a turn whose prompt plus ``params.max_new_tokens`` would pass
     ``max_context_tokens`` ends the episode (``context_limit``); an episode
@@ -190,7 +203,9 @@ def run_rollouts(
         turn_params = replace(
             params, max_new_tokens=tokens_left, seed=episode_seed(params.seed, episode.task.key, episode.turns)
         )
-        generating[backend.submit(episode.record.token_ids, turn_params, episode.task.adapter)] = episode
+        adapter = episode.task.adapter if adapter_at_turn is None else adapter_at_turn(episode.task.adapter)
+        episode.turn_adapters.append(adapter)
+        generating[backend.submit(episode.record.token_ids, turn_params, adapter)] = episode
 
     while queue or generating:
         starting = [queue.popleft() for _ in range(min(len(queue), batch_size - len(generating)))]

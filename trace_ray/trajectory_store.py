@@ -17,7 +17,8 @@ Schema (column: type — meaning):
     env: string — environment name
     model: string — model config name
     adapter_name: string (null = base model) — LoRA adapter used
-    adapter_version: int64 (null = base model)
+    adapter_version: int64 (null = base model) — the version of its first turn, the oldest it acted with
+    turn_adapter_versions: list<int64> — the adapter version of each turn, in order (null entries: the base model)
     messages: string — the whole conversation, JSON list of OpenAI messages
     tools: string — the tool schemas, JSON
     tool_calls: list<string> — every tool call the agent made, JSON objects in order
@@ -61,6 +62,7 @@ SCHEMA = pa.schema(
         ("model", pa.string()),
         ("adapter_name", pa.string()),
         ("adapter_version", pa.int64()),
+        ("turn_adapter_versions", pa.list_(pa.int64())),
         ("messages", pa.string()),
         ("tools", pa.string()),
         ("tool_calls", pa.list_(pa.string())),
@@ -98,6 +100,7 @@ def episode_row(result: EpisodeResult, run: dict[str, Any]) -> dict[str, Any]:
         "model": run["model"],
         "adapter_name": result.adapter[0] if result.adapter else None,
         "adapter_version": result.adapter[1] if result.adapter else None,
+        "turn_adapter_versions": [adapter[1] if adapter else None for adapter in result.turn_adapters],
         "messages": json.dumps(result.messages, ensure_ascii=False),
         "tools": json.dumps(result.tools, ensure_ascii=False),
         "tool_calls": tool_calls,
@@ -117,7 +120,10 @@ def episode_row(result: EpisodeResult, run: dict[str, Any]) -> dict[str, Any]:
 
 def episode_from_row(row: dict[str, Any], key: str) -> EpisodeResult:
     """The episode of an :func:`episode_row` row, under ``key`` (``reward_info`` as its JSON holds it)."""
-    adapter = (row["adapter_name"], row["adapter_version"]) if row["adapter_name"] is not None else None
+    name = row["adapter_name"]
+    adapter = (name, row["adapter_version"]) if name is not None else None
+    turn_versions = row.get("turn_adapter_versions") or []  # absent from shards written before it was recorded
+    turn_adapters = [(name, version) if version is not None else None for version in turn_versions]
     return EpisodeResult(
         key=key,
         task_id=row["task_id"],
@@ -134,6 +140,7 @@ def episode_from_row(row: dict[str, Any], key: str) -> EpisodeResult:
         record=TokenRecord(list(row["token_ids"]), list(row["action_mask"]), list(row["logprobs"])),
         info=json.loads(row["reward_info"]),
         seconds=row["seconds"],
+        turn_adapters=turn_adapters,
     )
 
 

@@ -32,9 +32,11 @@ class ScriptedEngine:
         self.tokenizer = tokenizer
         self.reply_for = reply_for
         self.requests = []  # the sampling settings of each request
+        self.adapters = []  # the adapter of each request
 
     def submit(self, prompt, params, adapter=None):
         self.requests.append(params)
+        self.adapters.append(adapter)
         ids = self.tokenizer.encode(self.reply_for(self.tokenizer.decode(prompt))) + [self.tokenizer.eos_token_id]
         future = Future()
         future.set_result(Generation(ids[: params.max_new_tokens], [-0.5] * len(ids[: params.max_new_tokens]), "stop"))
@@ -87,17 +89,17 @@ class LiveCountingBackend(LocalBackend):
         return results
 
 
+def wifi_reply(prompt_text):
+    """Tasks whose request mentions "wifi" get one tool call first; others are answered at once."""
+    asked = prompt_text.rsplit("<|im_start|>user\n", 1)[-1]
+    if "wifi" in asked.lower() and "get_wifi_status" not in asked:
+        return render_tool_call("get_wifi_status", {})
+    return "All done."
+
+
 def test_batches_stay_full_and_results_keep_seed_order(tiny_model):
     _, tokenizer = tiny_model
-
-    def reply(prompt_text):
-        # tasks whose request mentions "wifi" get one tool call first; others answer at once
-        asked = prompt_text.rsplit("<|im_start|>user\n", 1)[-1]
-        if "wifi" in asked.lower() and "get_wifi_status" not in asked:
-            return render_tool_call("get_wifi_status", {})
-        return "All done."
-
-    engine = ScriptedEngine(tokenizer, reply)
+    engine = ScriptedEngine(tokenizer, wifi_reply)
     backend = LiveCountingBackend(engine)
     seeds = list(range(10))
     finished = []
@@ -117,6 +119,32 @@ def test_batches_stay_full_and_results_keep_seed_order(tiny_model):
     rows = summarize([(r.family, r.reward, r.success) for r in results])
     assert rows[-1].group == "overall" and rows[-1].episodes == 10
     assert sum(row.episodes for row in rows[:-1]) == 10
+
+
+def test_each_turn_acts_with_the_adapter_named_as_it_starts_and_records_it(tiny_model):
+    _, tokenizer = tiny_model
+    tasks = [EpisodeTask(f"device-{seed}", seed, adapter=("cap", 4)) for seed in range(10)]
+    engine = ScriptedEngine(tokenizer, wifi_reply)
+    kept = run_rollouts(tasks, LocalBackend(DeviceEnvironment, engine), AgentPrompt(tokenizer), GREEDY, 1, 8192)
+    assert all(r.turn_adapters == [("cap", 4)] * r.turns and r.adapter == ("cap", 4) for r in kept)
+
+    engine = ScriptedEngine(tokenizer, wifi_reply)
+    published = iter(range(5, 100))  # a newer version at every turn, as if one were published between any two
+    switched = run_rollouts(
+        tasks,
+        LocalBackend(DeviceEnvironment, engine),
+        AgentPrompt(tokenizer),
+        GREEDY,
+        1,
+        8192,
+        adapter_at_turn=lambda adapter: (adapter[0], next(published)),
+    )
+    assert engine.adapters == [("cap", version) for version in range(5, 5 + len(engine.adapters))]
+    assert [adapter for r in switched for adapter in r.turn_adapters] == engine.adapters  # one episode at a time
+    assert any(r.turns == 2 for r in switched)  # the wifi tasks: two turns, two versions
+    for result in switched:
+        assert len(result.turn_adapters) == result.turns and result.adapter == result.turn_adapters[0]  # the oldest
+    assert [r.reward for r in switched] == [r.reward for r in kept]  # the scripted replies ignore the adapter
 
 
 def test_prompt_over_the_context_limit_ends_the_episode(tiny_model):

@@ -7,7 +7,9 @@ The iteration that needs those seeds takes the played groups, or plays them itse
 depth k (``grpo.max_staleness``) at most k batches are launched ahead, so a batch started with version v after
 iteration n's update began (v >= n - 1) is taken by iteration n + k at the latest, which trains version n + k - 1:
 at most k versions older. A group with a rollout older than that all the same (a worker that served an old version)
-is dropped and counted. Depth 0 launches nothing: the synchronous loop, batch for batch.
+is dropped and counted. With ``grpo.adapter_switch=turn`` each turn of an episode takes up the newest version
+published as it starts, which only makes a rollout fresher. Depth 0 launches nothing: the synchronous loop, batch
+for batch.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 With rollouts overlapping the update, the batch of iteration n (which updates adapter version n - 1 into n) may
 hold rollouts sampled with versions n - 1 - max_staleness .. n - 1. Each rollout carries the version it was sampled
-with (``EpisodeResult.adapter``); its behaviour log-probs are that version's, and the loss's importance ratio
-``exp(new - behaviour)`` corrects for the gap (``grpo.policy_loss``). A group with any rollout older than the bound
-is dropped whole (its advantages compare its members) and counted.
+with (``EpisodeResult.adapter``; each turn's in ``turn_adapters``); its behaviour log-probs are those of the version
+that sampled each token, and the loss's importance ratio ``exp(new - behaviour)`` corrects for the gap
+(``grpo.policy_loss``). A group with any rollout older than the bound (by its oldest turn) is dropped whole (its
+advantages compare its members) and counted.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ Group = list[EpisodeResult]
 
 
 def staleness(result: EpisodeResult, trained_version: int) -> int:
-    """How many versions older than ``trained_version`` the adapter that sampled ``result`` is (the base model: the
-    first update's version 0)."""
-    return trained_version - (result.adapter[1] if result.adapter else 0)
+    """How many versions older than ``trained_version`` the oldest adapter that sampled ``result`` is: its episode's,
+    or its oldest turn's when it took up newer versions between turns (the base model: the first update's
+    version 0)."""
+    adapters = result.turn_adapters or [result.adapter]
+    return trained_version - min(adapter[1] if adapter else 0 for adapter in adapters)
 
 
 def within_bound(groups: list[Group], trained_version: int, max_staleness: int) -> tuple[list[Group], int]:

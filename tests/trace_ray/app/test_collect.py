@@ -44,6 +44,7 @@ def test_collect_writes_a_parquet_dataset_with_the_documented_schema(ray_session
         assert messages[0]["role"] == "system" and sum(m["role"] == "assistant" for m in messages) == row["turns"]
         assert row["env"] == "device" and row["model"] == "tiny_random" and row["split"] == "analysis"
         assert row["task_id"] == f"device-{row['seed']}" and row["adapter_name"] is None
+        assert row["turn_adapter_versions"] == [None] * row["turns"]  # every turn by the base model
         # 12 sampled tokens of the random model hold no tool call: it replies at once and the environment ends the
         # episode; the recorded reply, replayed alone in a fresh environment, scores the reward recorded
         assert row["termination"] == "agent_reply" and row["turns"] == 1

@@ -30,6 +30,7 @@ from trace_ray.training.lora_model import peft_settings, trainable_model
 
 TINY = ["model=tiny_random", "lora.rank=4", "lora.alpha=8"]
 PARITY = "tests.scripted_environments:ParityEnvironment"
+SLOW_TWO_TURNS = "tests.scripted_environments:SlowTwoTurnParityEnvironment"
 
 
 def tiny_config(*overrides):
@@ -359,6 +360,38 @@ def test_rollouts_overlapping_the_update_stay_within_the_staleness_bound(tmp_pat
 
 
 @pytest.mark.slow
+def test_rollouts_switching_adapter_between_turns_record_each_turns_version_within_the_bound(tmp_path, ray_session):
+    config = parity_config(
+        tmp_path,
+        "grpo.iterations=3",
+        "grpo.max_staleness=1",
+        "grpo.adapter_switch=turn",
+        "grpo.max_resample_batches=0",
+        "adapter=parity",
+    )
+    train.run(dataclasses.replace(config, env=dataclasses.replace(config.env, name=SLOW_TWO_TURNS)))
+    import pyarrow.parquet as pq
+
+    shards = sorted((tmp_path / "adapters" / "parity" / "trajectories").glob("part-*.parquet"))
+    batches = [pq.read_table(shard, columns=["adapter_version", "turn_adapter_versions", "turns"]) for shard in shards]
+    history = metrics_of(tmp_path)
+    assert [row["iteration"] for row in history] == [1, 2, 3] and len(batches) == 3
+    for iteration, (row, batch) in enumerate(zip(history, batches), start=1):
+        trained = iteration - 1
+        for rollout in batch.to_pylist():
+            versions = rollout["turn_adapter_versions"]
+            assert len(versions) == rollout["turns"] and versions == sorted(versions), rollout
+            assert rollout["adapter_version"] == versions[0]  # the oldest turn's
+            assert trained - 1 <= versions[0] and versions[-1] <= trained, (iteration, rollout)
+        assert row["dropped_rollouts"] == 0
+    # a batch played ahead started with one version and took up the next, published during its episodes
+    switched = [
+        r["turn_adapter_versions"] for b in batches for r in b.to_pylist() if len(set(r["turn_adapter_versions"])) > 1
+    ]
+    assert switched, [b.to_pylist() for b in batches]
+
+
+@pytest.mark.slow
 def test_a_resumed_run_plays_its_first_batch_with_the_version_it_restored(tmp_path, ray_session):
     settings = ["grpo.max_staleness=1", "grpo.max_resample_batches=0", "adapter=parity"]
     train.run(parity_config(tmp_path, "grpo.iterations=2", *settings))
@@ -679,6 +712,7 @@ def write_selection(run_dir, entries):
         (None, ["grpo.max_staleness=-1"], "grpo.max_staleness must be >= 0"),
         (None, ["grpo.max_staleness=1", "grpo.old_logprobs=trainer"], "needs grpo.old_logprobs=engine"),
         (None, ["grpo.importance_cap=1.2"], "grpo.importance_cap must be above 1 + the upper clip (1.28)"),
+        (None, ["grpo.adapter_switch=step"], "grpo.adapter_switch='step' is not one of episode, turn"),
         (None, ["trainer.cpu_cores=[]"], "trainer.cpu_cores must list distinct core numbers"),
         (None, ["rollout.cpu_cores=[0,0]"], "rollout.cpu_cores must list distinct core numbers"),
     ],

@@ -28,6 +28,14 @@ def test_a_group_with_any_rollout_past_the_bound_is_dropped_whole_and_counted():
     assert staleness_counts([fresh], 4, 2) == {"staleness_0": 1, "staleness_1": 1, "staleness_2": 0}
 
 
+def test_a_rollout_that_took_up_newer_versions_between_turns_is_as_old_as_its_oldest_turn():
+    switched = dataclasses.replace(sampled(1, 1.0, 2), turn_adapters=[("cap", 2), ("cap", 4)])
+    fresh = dataclasses.replace(sampled(1, 0.0, 3), turn_adapters=[("cap", 3), ("cap", 3), ("cap", 4)])
+    assert within_bound([[switched, fresh]], trained_version=4, max_staleness=1) == ([], 2)
+    assert within_bound([[fresh, fresh]], 4, 1) == ([[fresh, fresh]], 0)
+    assert staleness_counts([[switched, fresh]], 4, 2) == {"staleness_0": 0, "staleness_1": 1, "staleness_2": 1}
+
+
 class Player:
     """Plays one group per seed with the version asked for; seed s gets unequal rewards when s % 3 != 0. Records
     (seeds, version) of every call."""

@@ -15,10 +15,17 @@ Per run, from its ``metrics.parquet``: wall seconds per iteration (the first ite
 end, over the iterations), the mean seconds of rollouts played, of the update and of the weight sync per iteration,
 the trainer's idle fraction (waiting for rollouts, over the wall time) and the rollout worker's (1 - rollouts played
 over the wall time), the staleness of the rollouts trained on, the largest importance ratio, and the reward of every
-iteration. Last line JSON:
+iteration.
+
+Once the async run samples with a version behind, its batches (and so its work) differ from the synchronous run's:
+shorter or longer trajectories make its updates shorter or longer. ``speedup_same_work`` removes that: the async
+run's own work (its generated tokens and its update's forward tokens) priced at the pinned synchronous run's seconds
+per generated token and per forward token, plus that run's other seconds per iteration, over the async run's wall
+time. Last line JSON:
 
   {"speedup_same_placement": sync 1+1 s / async 1+1 s, "speedup_vs_default": sync shared s / async 1+1 s,
-   "reward_last3": [sync 1+1, async 1+1]}   (reward_last3: the mean reward of the last 3 iterations)
+   "speedup_same_work": (as above), "reward_last3": [sync 1+1, async 1+1]}
+   (reward_last3: the mean reward of the last 3 iterations)
 
     python benchmarks/async_overlap.py [--quick] [--model smollm2_135m] [--iterations 8] [--group-size 8]
         [--groups 2] [--difficulty 0] [--keep DIR]
@@ -92,9 +99,15 @@ def train_once(run_dir: Path, args, overrides: list[str]) -> list[dict]:
 def summary(history: list[dict]) -> dict:
     wall = history[-1]["finished_at"] - history[0]["started_at"]
     played = sum(row["rollout_s"] for row in history)
+    updating = sum(row["update_s"] for row in history)
     stale = sum(row.get("staleness_1", 0) for row in history)
     rewards = [row["reward_mean"] for row in history]
     return {
+        "wall_s": wall,
+        "played_s": played,
+        "updating_s": updating,
+        "generated_tokens": sum(row["rollout_tokens_per_s"] * row["rollout_s"] for row in history),
+        "forward_tokens": sum(row.get("forward_tokens") or 0 for row in history),
         "iteration_s": wall / len(history),
         "rollout_s": statistics.fmean(row["rollout_s"] for row in history),
         "update_s": statistics.fmean(row["update_s"] for row in history),
@@ -107,6 +120,15 @@ def summary(history: list[dict]) -> dict:
         "rewards": rewards,
         "reward_last3": statistics.fmean(rewards[-3:]),
     }
+
+
+def same_work_seconds(pinned: dict, overlapped: dict) -> float:
+    """What the pinned synchronous loop would take for the async run's work: its generated tokens and forward tokens
+    at the synchronous run's seconds per token, plus the synchronous run's other seconds (sync, logging)."""
+    per_generated = pinned["played_s"] / max(1.0, pinned["generated_tokens"])
+    per_forward = pinned["updating_s"] / max(1, pinned["forward_tokens"])
+    other = pinned["wall_s"] - pinned["played_s"] - pinned["updating_s"]
+    return per_generated * overlapped["generated_tokens"] + per_forward * overlapped["forward_tokens"] + other
 
 
 def main() -> None:
@@ -164,10 +186,15 @@ def main() -> None:
     )
     shared, pinned, overlapped = (results[name] for name in RUNS)
     print(
+        f"work: generated tokens {pinned['generated_tokens']:.0f} (sync 1+1) / {overlapped['generated_tokens']:.0f} "
+        f"(async 1+1); update forward tokens {pinned['forward_tokens']} / {overlapped['forward_tokens']}"
+    )
+    print(
         json.dumps(
             {
                 "speedup_same_placement": round(pinned["iteration_s"] / overlapped["iteration_s"], 3),
                 "speedup_vs_default": round(shared["iteration_s"] / overlapped["iteration_s"], 3),
+                "speedup_same_work": round(same_work_seconds(pinned, overlapped) / overlapped["wall_s"], 3),
                 "reward_last3": [round(pinned["reward_last3"], 4), round(overlapped["reward_last3"], 4)],
             }
         )

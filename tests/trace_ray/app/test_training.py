@@ -322,12 +322,18 @@ def test_resumed_run_ends_with_the_same_adapter_as_an_uninterrupted_one(tmp_path
     assert any(expected[key].abs().max() > 1e-2 for key in expected)  # and the adapter really moved
 
 
-def rollout_versions(run_dir, name="parity") -> list[list[int]]:
-    """The adapter version of every training rollout, per iteration (one Parquet shard each, in order)."""
+def training_rollouts(run_dir, columns: list[str], name="parity") -> list[list[dict]]:
+    """``columns`` of every training rollout, per iteration (one Parquet shard each, in order)."""
     import pyarrow.parquet as pq
 
     shards = sorted((run_dir / "adapters" / name / "trajectories").glob("part-*.parquet"))
-    return [pq.read_table(shard, columns=["adapter_version"]).column(0).to_pylist() for shard in shards]
+    return [pq.read_table(shard, columns=columns).to_pylist() for shard in shards]
+
+
+def rollout_versions(run_dir, name="parity") -> list[list[int]]:
+    """The adapter version of every training rollout, per iteration."""
+    batches = training_rollouts(run_dir, ["adapter_version"], name)
+    return [[row["adapter_version"] for row in batch] for batch in batches]
 
 
 def test_rollouts_overlapping_the_update_stay_within_the_staleness_bound(tmp_path, ray_session):
@@ -370,25 +376,20 @@ def test_rollouts_switching_adapter_between_turns_record_each_turns_version_with
         "adapter=parity",
     )
     train.run(dataclasses.replace(config, env=dataclasses.replace(config.env, name=SLOW_TWO_TURNS)))
-    import pyarrow.parquet as pq
-
-    shards = sorted((tmp_path / "adapters" / "parity" / "trajectories").glob("part-*.parquet"))
-    batches = [pq.read_table(shard, columns=["adapter_version", "turn_adapter_versions", "turns"]) for shard in shards]
+    batches = training_rollouts(tmp_path, ["adapter_version", "turn_adapter_versions", "turns"])
     history = metrics_of(tmp_path)
     assert [row["iteration"] for row in history] == [1, 2, 3] and len(batches) == 3
     for iteration, (row, batch) in enumerate(zip(history, batches), start=1):
         trained = iteration - 1
-        for rollout in batch.to_pylist():
+        for rollout in batch:
             versions = rollout["turn_adapter_versions"]
             assert len(versions) == rollout["turns"] and versions == sorted(versions), rollout
             assert rollout["adapter_version"] == versions[0]  # the oldest turn's
             assert trained - 1 <= versions[0] and versions[-1] <= trained, (iteration, rollout)
         assert row["dropped_rollouts"] == 0
     # a batch played ahead started with one version and took up the next, published during its episodes
-    switched = [
-        r["turn_adapter_versions"] for b in batches for r in b.to_pylist() if len(set(r["turn_adapter_versions"])) > 1
-    ]
-    assert switched, [b.to_pylist() for b in batches]
+    switched = [r["turn_adapter_versions"] for b in batches for r in b if len(set(r["turn_adapter_versions"])) > 1]
+    assert switched, batches
 
 
 @pytest.mark.slow

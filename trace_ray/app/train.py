@@ -259,7 +259,6 @@ def torch_trainer(config: TraceConfig, job: TrainJob, mailbox):
 
 def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
     """One TorchTrainer run (resumed from its latest checkpoint if any); the metrics of every iteration."""
-    import pyarrow.parquet as pq
     import ray
 
     from trace_ray.environment_setup import environment_maker
@@ -268,7 +267,6 @@ def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
     workers = config.trainer.num_workers
     mailbox = ray.remote(BatchMailbox).options(num_cpus=0).remote(workers - 1) if workers > 1 else None
     trainer = torch_trainer(config, job, mailbox)
-    metrics_path = Path(job.output) / "metrics.parquet"
     done = threading.Event()
     failure: list[BaseException] = []
 
@@ -284,13 +282,12 @@ def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
     thread.start()
     bar = progress.add_task(f"GRPO {job.name}", total=job.grpo.max_iterations or job.grpo.iterations)
     while not done.wait(POLL_S):
-        if metrics_path.is_file():
-            rows = pq.read_table(metrics_path, columns=["iteration", "reward_mean"]).to_pylist()
-            if rows:
-                last = rows[-1]
-                progress.update(
-                    bar, completed=last["iteration"], description=f"GRPO {job.name} reward {last['reward_mean']:.3f}"
-                )
+        rows = read_metrics(Path(job.output))
+        if rows:
+            last = rows[-1]
+            progress.update(
+                bar, completed=last["iteration"], description=f"GRPO {job.name} reward {last['reward_mean']:.3f}"
+            )
     progress.remove_task(bar)
     thread.join()
     if mailbox is not None:

@@ -47,9 +47,16 @@ class TrainingLog:
 
 
 def read_metrics(folder: Path) -> list[dict[str, Any]]:
-    """The metrics of every finished iteration in ``folder/metrics.parquet`` (none before the first)."""
+    """The metrics of every finished iteration in ``folder/metrics.parquet`` (none before the first).
+
+    Read through one open handle: the file is replaced whole while training runs, and reading it by path would take
+    its size from one version and its bytes from the next.
+    """
     path = Path(folder) / "metrics.parquet"
-    return pq.read_table(path).to_pylist() if path.is_file() else []
+    if not path.is_file():
+        return []
+    with open(path, "rb") as stream:
+        return pq.read_table(stream).to_pylist()
 
 
 def rollouts_spent(folder: Path) -> int:

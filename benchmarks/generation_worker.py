@@ -75,7 +75,9 @@ class StepClock:
 
         HFEngine.admit = self.timed(HFEngine.admit, "prefill_s")
         HFEngine.step = timed_step
-        hf.sample_next = self.timed(hf.sample_next, "sampling_s")
+        for sampler in ("sample_next", "sample_one"):  # an older engine samples the batch at once, today's per token
+            if hasattr(hf, sampler):
+                setattr(hf, sampler, self.timed(getattr(hf, sampler), "sampling_s"))
         environment_class.reset = self.timed(environment_class.reset, "env_s")
         environment_class.step = self.timed(environment_class.step, "env_s")
         AgentPrompt.prompt_ids = self.timed(AgentPrompt.prompt_ids, "render_s")

@@ -40,15 +40,16 @@ from trace_ray.engines.base import AdapterNotLoadedError, AdapterRef, Generation
 from trace_ray.engines.engine_loop import LoopedEngine, Request
 from trace_ray.engines.kv_store import RowKV, SharedPrefix, prefix_length
 from trace_ray.engines.packed_model import PackedModel, Step
-from trace_ray.engines.sampling import sample_next
+from trace_ray.engines.sampling import sample_one, scaled_logprobs
 
 __all__ = ["AdapterNotLoadedError", "HFEngine", "end_of_turn_ids"]
 
 MIN_CACHED_PREFIX = 32  # shorter shared prefixes are cheaper to recompute than to keep
+MERGED_PREFIX_TAIL = 64  # rows whose prefixes differ by at most this many last tokens read the shorter one
 PREFIX_CACHE_ENTRIES = 8
 CONTINUATION_CACHE_TOKENS = 32768  # own tokens of finished generations kept for the episodes' next turns
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed-adapter batch
-SPECULATIVE_ROWS = 4  # greedy batches of at most this many rows verify drafted tokens (the step is weight-bound there)
+SPECULATIVE_ROWS = 4  # batches of at most this many rows verify drafted tokens (the step is weight-bound there)
 DRAFT_TOKENS = 8  # tokens drafted per row and step
 DRAFT_NGRAMS = (3, 2)  # a draft continues the latest earlier occurrence of the row's last 3 (else 2) tokens
 
@@ -226,7 +227,28 @@ class HFEngine(LoopedEngine):
             for request, prefix in zip(group, self._cached_prefixes(adapter, peft_name, group)):
                 self._store.add(prefix)
                 self._rows.append(_Row(request, peft_name, request.prompt[prefix_length(prefix) :]))
+        self._merge_prefixes()
         return ended
+
+    def _merge_prefixes(self) -> None:
+        """Move each row whose prefix only extends, by at most ``MERGED_PREFIX_TAIL`` tokens, a shorter prefix that
+        other rows of its adapter read onto that shorter one: every prefix in the batch is one more pass of
+        attention each layer (and a gather of its rows when it serves only some), where a few more own tokens a row
+        cost next to nothing. (A row prefilled alone and then shared with prompts that match it a little less far
+        would otherwise read its own longer copy for the rest of its episode.)"""
+        used = {(row.peft_name, id(prefix)): prefix for row, prefix in zip(self._rows, self._store.prefixes) if prefix}
+        for index, (row, prefix) in enumerate(zip(self._rows, self._store.prefixes)):
+            if prefix is None:
+                continue
+            shorter = [
+                other
+                for (peft_name, _), other in used.items()
+                if peft_name == row.peft_name
+                and len(prefix.tokens) - MERGED_PREFIX_TAIL <= len(other.tokens) < len(prefix.tokens)
+                and prefix.tokens[: len(other.tokens)] == other.tokens
+            ]
+            if shorter:
+                self._store.rebase(index, min(shorter, key=lambda other: len(other.tokens)))
 
     def _continuation(self, adapter: AdapterRef | None, prompt: list[int]) -> RowKV | None:
         """The keys and values of a finished generation this prompt continues (an episode's next turn), taken from
@@ -355,8 +377,9 @@ class HFEngine(LoopedEngine):
     @torch.no_grad()
     def step(self) -> list[tuple[Request, Generation]]:
         """One forward pass over every row's pending tokens: a joining row's prompt (past what is stored), every
-        other row's last token and, in a small greedy batch, its draft too (prompt lookup). A drafted row keeps as
-        many tokens as greedy decoding confirms, plus one: the tokens one-token steps would give, in fewer passes."""
+        other row's last token and, in a small batch, its draft too (prompt lookup). A drafted row keeps the tokens
+        its own one-token steps would give, as long as they match the draft, plus one: the same tokens in fewer
+        passes."""
         drafts = self._drafts()
         if drafts:
             for row, draft in zip(self._rows, drafts):
@@ -365,20 +388,18 @@ class HFEngine(LoopedEngine):
         logits = self._forward(self._store, step, [row.peft_name for row in self._rows]).cpu()
         positions = [len(row.pending) if drafts else 1 for row in self._rows]
         owners = [row for row, count in zip(self._rows, positions) for _ in range(count)]
-        tokens, logprobs = self._sample(owners, logits)
+        logprobs = scaled_logprobs(logits, [row.request.params.temperature for row in owners])
         finished, keep, start = [], [], 0
         for index, (row, count) in enumerate(zip(self._rows, positions)):
-            picks = list(zip(tokens[start : start + count], logprobs[start : start + count]))
-            start += count
             draft = row.pending[len(row.pending) - count + 1 :]  # the drafted tokens (none for a one-token step)
-            confirmed = next((column for column, token in enumerate(draft) if picks[column][0] != token), len(draft))
-            outcome = self._advance(row, picks[: confirmed + 1])
-            self._store.grow(index, len(row.pending) - count + outcome[1])  # the tokens' keys and values it keeps
-            if outcome[0] is None:
+            generation, taken = self._advance(row, logprobs[start : start + count], draft)
+            start += count
+            self._store.grow(index, len(row.pending) - count + taken)  # the tokens' keys and values it keeps
+            if generation is None:
                 row.pending = [row.tokens[-1]]
                 keep.append(index)
                 continue
-            finished.append((row.request, outcome[0]))
+            finished.append((row.request, generation))
             if self.continuation_cache_tokens:
                 kv = self._store.take(index)
                 self._keep_continuation(row.request.adapter, row.request.prompt + row.tokens[:-1], kv)
@@ -388,12 +409,10 @@ class HFEngine(LoopedEngine):
         return finished
 
     def _drafts(self) -> list[list[int]] | None:
-        """Equal-length drafts for every row of a small greedy batch with no prompt to prefill (prompt lookup), or
-        None. A row with a shorter draft is padded with its last token: the step costs the same, and a padded token
-        is kept only where greedy decoding picks it too."""
-        if len(self._rows) > SPECULATIVE_ROWS or any(
-            row.request.params.temperature != 0 or len(row.pending) != 1 for row in self._rows
-        ):
+        """Equal-length drafts for every row of a small batch with no prompt to prefill (prompt lookup), or None. A
+        row with a shorter draft is padded with its last token: the step costs the same, and a padded token is kept
+        only where the row's own draw picks it too."""
+        if len(self._rows) > SPECULATIVE_ROWS or any(len(row.pending) != 1 for row in self._rows):
             return None
         drafts = []
         for row in self._rows:
@@ -409,24 +428,21 @@ class HFEngine(LoopedEngine):
         self._release_retired()
         return [row.request for row in rows]
 
-    @staticmethod
-    def _sample(rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
-        """One token per row of ``logits`` ([rows, vocab], row i for ``rows[i]``) with that row's own settings, on
-        the CPU, where the requests' seeded generators live."""
-        return sample_next(
-            logits,
-            [row.request.params.temperature for row in rows],
-            [row.request.params.top_p for row in rows],
-            [row.request.generator for row in rows],
-        )
+    def _advance(self, row: _Row, logprobs: torch.Tensor, draft: list[int]) -> tuple[Generation | None, int]:
+        """Draw the row's next tokens in order, one per position of ``logprobs`` (:func:`scaled_logprobs` of its
+        logits: the position after its last token, then after each drafted token) until one ends the row or differs
+        from the draft: (its generation if it ended, tokens taken).
 
-    def _advance(self, row: _Row, picks: list[tuple[int, float]]) -> tuple[Generation | None, int]:
-        """Give the row its new tokens in order until one ends it: (its generation if it ended, tokens taken)."""
-        for count, (token, logprob) in enumerate(picks, start=1):
+        Each draw takes the row's next random number, as a one-token step would, so a draft changes how many passes
+        the tokens take, not which tokens they are (sampled or greedy)."""
+        params = row.request.params
+        for column, drafted in enumerate([*draft, None]):  # None: the position after the draft, always taken
+            token, logprob = sample_one(logprobs[column], params.temperature, params.top_p, row.request.generator)
             row.tokens.append(token)
             row.logprobs.append(logprob)
             wanted = row.request.wants_more(token)
-            if not wanted or token in self.stop_token_ids or len(row.tokens) >= row.request.params.max_new_tokens:
+            if not wanted or token in self.stop_token_ids or len(row.tokens) >= params.max_new_tokens:
                 reason = "stop" if not wanted or token in self.stop_token_ids else "length"
-                return Generation(row.tokens, row.logprobs, reason), count
-        return None, len(picks)
+                return Generation(row.tokens, row.logprobs, reason), column + 1
+            if token != drafted:
+                return None, column + 1

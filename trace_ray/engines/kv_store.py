@@ -128,6 +128,20 @@ class SlotStore:
         self.prefixes[row] = prefix
         return prefix
 
+    def rebase(self, row: int, prefix: SharedPrefix) -> None:
+        """Move a row onto ``prefix``, a shorter start of the prefix it starts with: the tokens between the two
+        prefixes' ends move to the front of its own part (their keys and values copied from its old prefix)."""
+        current = self.prefixes[row]
+        start = len(prefix.tokens)
+        assert current is not None and current.tokens[:start] == prefix.tokens, "not a start of the row's prefix"
+        extra, own = len(current.tokens) - start, self.lengths[row]
+        self.reserve([extra if index == row else 0 for index in range(self.rows)])
+        if own:
+            self.kv[:, :, row, :, extra : extra + own] = self.kv[:, :, row, :, :own].clone()
+        self.kv[:, :, row, :, :extra] = current.kv[:, :, :, start:]
+        self.lengths[row] = own + extra
+        self.prefixes[row] = prefix
+
     def keep(self, rows: list[int]) -> list[int]:
         """Keep only ``rows``; returns the kept rows in their new order (new row ``i`` was row ``order[i]``).
 

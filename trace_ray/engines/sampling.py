@@ -44,26 +44,35 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     return min(int(torch.searchsorted(cumulative, torch.tensor([target]), right=True)), probs.shape[-1] - 1)
 
 
+def scaled_logprobs(logits: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
+    """The log-softmax of each row of ``logits`` ([rows, vocab]) at its temperature (greedy rows: unscaled)."""
+    scales = torch.tensor([temperature if temperature > 0 else 1.0 for temperature in temperatures])
+    return torch.log_softmax(logits.float() / scales[:, None], dim=-1)
+
+
+def sample_one(
+    logprobs: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> tuple[int, float]:
+    """One token and its log-prob from a row of :func:`scaled_logprobs`, drawing at most one uniform number from
+    ``generator`` (none for a greedy row)."""
+    if temperature == 0:
+        token = int(torch.argmax(logprobs))
+        return token, float(logprobs[token])
+    if top_p < 1:
+        kept, token_ids = nucleus(logprobs.exp(), top_p)
+        token = int(token_ids[draw(kept, generator)])
+        return token, float(logprobs[token] - torch.log(kept.sum()))
+    token = draw(logprobs.exp(), generator)
+    return token, float(logprobs[token])
+
+
 def sample_next(
     logits: torch.Tensor, temperatures: list[float], top_ps: list[float], generators: list[torch.Generator]
 ) -> tuple[list[int], list[float]]:
     """One token and its log-prob per row of ``logits`` ([rows, vocab])."""
-    logits = logits.float()
-    scales = torch.tensor([temperature if temperature > 0 else 1.0 for temperature in temperatures])
-    logprobs_all = torch.log_softmax(logits / scales[:, None], dim=-1)
-    tokens, logprobs = [], []
-    for row, (temperature, top_p, generator) in enumerate(zip(temperatures, top_ps, generators)):
-        row_logprobs = logprobs_all[row]
-        if temperature == 0:
-            token = int(torch.argmax(row_logprobs))
-            logprob = float(row_logprobs[token])
-        elif top_p < 1:
-            kept, token_ids = nucleus(row_logprobs.exp(), top_p)
-            token = int(token_ids[draw(kept, generator)])
-            logprob = float(row_logprobs[token] - torch.log(kept.sum()))
-        else:
-            token = draw(row_logprobs.exp(), generator)
-            logprob = float(row_logprobs[token])
-        tokens.append(token)
-        logprobs.append(logprob)
-    return tokens, logprobs
+    logprobs = scaled_logprobs(logits, temperatures)
+    picks = [
+        sample_one(logprobs[row], temperature, top_p, generator)
+        for row, (temperature, top_p, generator) in enumerate(zip(temperatures, top_ps, generators))
+    ]
+    return [token for token, _ in picks], [logprob for _, logprob in picks]

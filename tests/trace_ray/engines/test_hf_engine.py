@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from trace_ray.engines import SamplingParams
+from trace_ray.engines.engine_loop import Request, request_generator
 from trace_ray.engines.hf import HFEngine
 
 
@@ -141,6 +142,28 @@ def test_a_prefix_shared_with_the_previous_whole_prompt_is_taken_from_its_kv_not
     assert torch.allclose(torch.tensor(shared[0].logprobs), torch.tensor(plain[0].logprobs), atol=1e-4)
 
 
+def test_rows_whose_prefixes_differ_by_a_short_tail_read_one_prefix_with_the_same_results(tiny_model):
+    network, tokenizer = tiny_model
+    policy = "You are a careful phone assistant. " * 12
+    first, *rest = prompts_for(
+        tokenizer, [policy + "Hi", policy + "Turn on wifi.", policy + "Text Ann that I am late."]
+    )
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=8)
+    engine = HFEngine(network, tokenizer, continuation_cache_tokens=0)
+    engine.admit([Request(first, greedy, None, request_generator(None))])
+    engine.step()  # the first prompt prefilled alone
+    engine.admit([Request(first, greedy, None, request_generator(None))])  # its twin reads all of it but one token
+    engine.admit([Request(prompt, greedy, None, request_generator(None)) for prompt in rest])  # these, less of it
+    prefixes = {id(prefix): prefix for prefix in engine._store.prefixes}
+    assert len(prefixes) == 1 and len(next(iter(prefixes.values())).tokens) < len(first) - 1
+    finished = []
+    while engine.busy:
+        finished += engine.step()
+    merged = {tuple(request.prompt): generation.token_ids for request, generation in finished}
+    plain = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate([first, *rest], greedy)
+    assert [merged[tuple(prompt)] for prompt in [first, *rest]] == [g.token_ids for g in plain]
+
+
 def wait_until(started, timeout_s=30):
     """Poll until ``started()`` is true (a submitted request is running)."""
     import time
@@ -258,19 +281,23 @@ def test_a_draft_continues_the_latest_earlier_occurrence_of_the_last_tokens():
     assert draft_tokens([1, 2, 3, 4], 4) == []
 
 
-def test_small_greedy_batches_verify_drafts_and_give_the_tokens_of_one_token_steps(tiny_model, monkeypatch):
+@pytest.mark.parametrize("temperature", [0.0, 0.05, 1.0])
+def test_small_batches_verify_drafts_and_give_the_tokens_of_one_token_steps(tiny_model, monkeypatch, temperature):
+    """Greedy or sampled: a draft changes how many passes the tokens take, never which tokens (each drawn with the
+    row's next random number, as a one-token step draws it)."""
     network, tokenizer = tiny_model
     prompts = prompts_for(tokenizer, ["wifi wifi wifi wifi wifi wifi", "Hi"])
-    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=40)
+    params = SamplingParams(temperature=temperature, top_p=0.9, max_new_tokens=40, seed=7)
     engine = HFEngine(network, tokenizer, continuation_cache_tokens=0)
     passes = []
     forward = engine._forward
     monkeypatch.setattr(engine, "_forward", lambda store, step, names: passes.append(1) or forward(store, step, names))
-    drafted = engine.generate(prompts, greedy)
+    drafted = engine.generate(prompts, params)
     monkeypatch.setattr("trace_ray.engines.hf.SPECULATIVE_ROWS", 0)
-    stepped = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate(prompts, greedy)
+    stepped = HFEngine(network, tokenizer, continuation_cache_tokens=0).generate(prompts, params)
     assert [g.token_ids for g in drafted] == [g.token_ids for g in stepped]
     assert [g.finish_reason for g in drafted] == [g.finish_reason for g in stepped]
     for with_drafts, without in zip(drafted, stepped):
         assert torch.allclose(torch.tensor(with_drafts.logprobs), torch.tensor(without.logprobs), atol=1e-4)
-    assert len(passes) < max(len(g.token_ids) for g in drafted)  # some passes kept several tokens
+    if temperature < 0.1:  # the tiny random model repeats itself only when (nearly) greedy: drafts then hold
+        assert len(passes) < max(len(g.token_ids) for g in drafted)  # some passes kept several tokens

@@ -47,3 +47,13 @@ def test_the_first_tokens_of_a_prefix_are_a_prefix_of_their_own_copied_not_share
     assert start.tokens == (1, 2) and torch.equal(start.kv, prefix.kv[:, :, :, :2])
     start.kv.zero_()
     assert prefix.kv.abs().sum() > 0  # a copy
+
+
+def test_a_row_moved_onto_a_shorter_start_of_its_prefix_keeps_every_token_in_order():
+    store = SlotStore(layers=2, kv_heads=1, head_dim=3, dtype=torch.float32, device=torch.device("cpu"))
+    store.add(own=own(7, 0))
+    longer = store.share(0, (1, 2, 3, 4, 5))
+    shorter = longer.first(3)
+    store.rebase(0, shorter)
+    assert store.prefixes == [shorter] and store.lengths == [4] and store.position(0) == 7
+    assert torch.equal(store.take(0).own, own(7, 0)[:, :, :, 3:])  # the old prefix's last two, then its own two

@@ -64,15 +64,3 @@ def sample_one(
         return token, float(logprobs[token] - torch.log(kept.sum()))
     token = draw(logprobs.exp(), generator)
     return token, float(logprobs[token])
-
-
-def sample_next(
-    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], generators: list[torch.Generator]
-) -> tuple[list[int], list[float]]:
-    """One token and its log-prob per row of ``logits`` ([rows, vocab])."""
-    logprobs = scaled_logprobs(logits, temperatures)
-    picks = [
-        sample_one(logprobs[row], temperature, top_p, generator)
-        for row, (temperature, top_p, generator) in enumerate(zip(temperatures, top_ps, generators))
-    ]
-    return [token for token, _ in picks], [logprob for _, logprob in picks]

@@ -257,8 +257,11 @@ def torch_trainer(config: TraceConfig, job: TrainJob, mailbox):
     )
 
 
-def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
-    """One TorchTrainer run (resumed from its latest checkpoint if any); the metrics of every iteration."""
+def fit(config: TraceConfig, job: TrainJob, progress: Progress, interrupted: threading.Event) -> list[dict]:
+    """One TorchTrainer run (resumed from its latest checkpoint if any); the metrics of every iteration.
+
+    Raises KeyboardInterrupt once ``interrupted`` is set (Ctrl-C on the main thread), without waiting for the
+    trainer: its thread ends with the process, and the run resumes from its last checkpoint."""
     import ray
 
     from trace_ray.environment_setup import environment_maker
@@ -282,6 +285,8 @@ def fit(config: TraceConfig, job: TrainJob, progress: Progress) -> list[dict]:
     thread.start()
     bar = progress.add_task(f"GRPO {job.name}", total=job.grpo.max_iterations or job.grpo.iterations)
     while not done.wait(POLL_S):
+        if interrupted.is_set():
+            raise KeyboardInterrupt
         rows = read_metrics(Path(job.output))
         if rows:
             last = rows[-1]
@@ -377,7 +382,7 @@ def train_all(config: TraceConfig, jobs: list[TrainJob]) -> None:
     def train_one(job: TrainJob) -> tuple[str, ...]:
         env = f"{job.env.name}{'/' + job.env.capability if job.env.capability else ''}"
         console.print(f"[bold]{job.name}[/bold]: GRPO in env={env} -> {job.output}", soft_wrap=True)
-        history = fit(config, job, progress)
+        history = fit(config, job, progress, interrupted)
         if not history:
             raise TraceRayError(f"training {job.name} reported no iteration; see the Ray logs")
         first, last = history[0], history[-1]
@@ -390,8 +395,14 @@ def train_all(config: TraceConfig, jobs: list[TrainJob]) -> None:
             "plateau" if last.get("stopped_on_plateau") else "iterations",
         )
 
+    interrupted = threading.Event()
     with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(slots) as pool:
-        rows = list(pool.map(train_one, jobs))
+        try:
+            rows = list(pool.map(train_one, jobs))
+        except KeyboardInterrupt:  # stop now: no job starts, running ones stop polling (leaving the pool waits on them)
+            interrupted.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     print_table(
         f"GRPO adapters in {Path(config.run_dir) / 'adapters'}",
         ["adapter", "iterations", "first reward", "last reward", "best reward", "stopped by"],

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -666,6 +667,32 @@ def test_a_lora_rank_sweep_trains_an_adapter_of_each_rank_and_a_rerun_resumes_th
             assert started.setdefault(rank, row["started_at"]) == row["started_at"]  # the rerun trained nothing again
     runs = sorted(path.name for path in (tmp_path / "train_state").iterdir())
     assert [run.rsplit("-", 1)[0] for run in runs] == ["grpo-sweep__lora.rank-4", "grpo-sweep__lora.rank-8"]
+
+
+@pytest.mark.slow
+def test_one_ctrl_c_stops_training_within_seconds_and_leaves_no_process_behind(tmp_path):
+    """A first Ctrl-C used to wait for the whole training job (leaving the job pool waited on its thread); a second
+    one was needed to stop."""
+    settings = [setting for setting in SWEEP if not setting.startswith(("adapter=", "lora.rank=", "grpo.iterations="))]
+    command = [sys.executable, "-m", "trace_ray.app.cli", "train", f"run_dir={tmp_path}", *settings]
+    command += ["adapter=long", "grpo.iterations=1000", "grpo.checkpoint_every=1"]
+    marker = f"interrupt-{uuid.uuid4().hex}"
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        process = subprocess.Popen(
+            command, stdout=stdout, stderr=stderr, env={**os.environ, "TRACE_RAY_TEST_MARK": marker}
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "adapters" / "long" / "metrics.parquet").is_file():  # an iteration done
+            assert process.poll() is None, (tmp_path / "stderr").read_text()[-2000:]
+            assert time.monotonic() < deadline, "no iteration finished in 10 minutes"
+            time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) != 0
+    finally:
+        process.kill()
+    assert "trace-ray: error: interrupted" in (tmp_path / "stderr").read_text()
+    assert processes_marked(marker) == []
 
 
 def processes_marked(marker: str) -> list[str]:
